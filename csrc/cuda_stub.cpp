@@ -1,0 +1,35 @@
+// Built instead of polynorm_cuda.cu when the CUDA kernels are not compiled (a CPU-only
+// torch, no nvcc, or POLYNORM_FORCE_CPU=1): CUDA tensors get a clear error rather
+// than the dispatcher's generic "could not run" message.
+#include "polynorm.h"
+
+#include <torch/library.h>
+
+namespace polynorm {
+namespace {
+
+[[noreturn]] void not_built(const char* op) {
+  TORCH_CHECK(false, op,
+              ": the CUDA kernels were not built into this installation of polynorm (it was built without "
+              "nvcc, with a CPU-only torch, or with POLYNORM_FORCE_CPU=1). Reinstall with a CUDA build of torch "
+              "and nvcc on PATH or CUDA_HOME set: pip install -e . --no-build-isolation");
+}
+
+std::tuple<at::Tensor, at::Tensor> forward_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                     double) {
+  not_built("polynorm.forward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_not_built(const at::Tensor&, const at::Tensor&,
+                                                                  const at::Tensor&, const at::Tensor&) {
+  not_built("polynorm.backward");
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
+  m.impl("forward", &forward_not_built);
+  m.impl("backward", &backward_not_built);
+}
+
+}  // namespace polynorm

@@ -1,0 +1,104 @@
+// Operator schemas (one TORCH_LIBRARY block for every backend) and the argument
+// checks that all backends share.
+#include "polynorm.h"
+
+#include <torch/library.h>
+
+#include <cmath>
+
+namespace polynorm {
+
+at::ScalarType opmath_dtype(at::ScalarType x_dtype) {
+  return x_dtype == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+Rows as_rows(const at::Tensor& t) {
+  const int64_t H = t.size(-1);
+  const int64_t M = H == 0 ? 0 : t.numel() / H;
+  // The leading dims collapse into one row stride when each is nested in the next:
+  // stride[d] == stride[d + 1] * size[d + 1] for every leading dim of size > 1.
+  bool strided_rows = H == 1 || t.stride(-1) == 1;
+  int64_t row_stride = H;
+  int64_t expected = -1;  // the stride the next-outer non-trivial dim must have
+  for (int64_t d = t.dim() - 2; d >= 0 && strided_rows; --d) {
+    if (t.size(d) == 1) continue;
+    if (expected < 0) {
+      row_stride = t.stride(d);
+    } else if (t.stride(d) != expected) {
+      strided_rows = false;
+    }
+    expected = t.stride(d) * t.size(d);
+  }
+  if (strided_rows && row_stride >= 0) return {t, M, H, row_stride};
+  // Any other layout (a transposed x, a last dim with stride != 1, an expand over
+  // the last dim) is copied once into contiguous rows.
+  return {t.contiguous(), M, H, H};
+}
+
+namespace {
+
+bool is_supported_float(at::ScalarType t) {
+  return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
+}
+
+void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
+              ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK(weight.numel() == 3, op, ": expected weight to have 3 elements [w0, w1, w2], got ",
+              weight.numel(), " (shape ", weight.sizes(), ")");
+  TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(),
+              ", got ", weight.device());
+}
+
+void check_x(const char* op, const char* name, const at::Tensor& x) {
+  TORCH_CHECK(is_supported_float(x.scalar_type()), op, ": expected ", name,
+              " to be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1, op, ": expected ", name, " to have at least 1 dimension (..., H), got a 0-d tensor");
+  TORCH_CHECK(x.size(-1) >= 1, op, ": expected ", name, " to have a last dimension H >= 1, got shape ",
+              x.sizes());
+}
+
+}  // namespace
+
+void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  constexpr const char* op = "polynorm.forward";
+  check_x(op, "x", x);
+  check_params(op, x, weight);
+  TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
+              ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
+  TORCH_CHECK(bias.numel() == 1, op, ": expected bias to have 1 element (shape (1,) or ()), got ", bias.numel(),
+              " (shape ", bias.sizes(), ")");
+  TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
+              bias.device());
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, op, ": expected eps to be finite and >= 0, got ", eps);
+}
+
+void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& rstd) {
+  constexpr const char* op = "polynorm.backward";
+  check_x(op, "x", x);
+  check_params(op, x, weight);
+  TORCH_CHECK(grad_y.sizes() == x.sizes(), op, ": expected grad_y to have x's shape ", x.sizes(), ", got ",
+              grad_y.sizes());
+  TORCH_CHECK(grad_y.scalar_type() == x.scalar_type(), op, ": expected grad_y to have x's dtype ",
+              x.scalar_type(), ", got ", grad_y.scalar_type());
+  TORCH_CHECK(grad_y.device() == x.device(), op, ": expected grad_y on x's device ", x.device(), ", got ",
+              grad_y.device());
+  const int64_t M = x.numel() / x.size(-1);
+  TORCH_CHECK(rstd.dim() == 2 && rstd.size(0) == M && rstd.size(1) == 3, op,
+              ": expected rstd of shape [", M, ", 3] (rows of x, then r_3, r_2, r_1), got ", rstd.sizes());
+  TORCH_CHECK(rstd.scalar_type() == opmath_dtype(x.scalar_type()), op, ": expected rstd of dtype ",
+              opmath_dtype(x.scalar_type()), " for x of dtype ", x.scalar_type(), ", got ", rstd.scalar_type());
+  TORCH_CHECK(rstd.device() == x.device(), op, ": expected rstd on x's device ", x.device(), ", got ",
+              rstd.device());
+}
+
+}  // namespace polynorm
+
+TORCH_LIBRARY(polynorm, m) {
+  // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
+  m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
+  // grad_weight (3,) and grad_bias (1,) are accumulated in fp32 (fp64 for fp64 x), returned in weight's dtype.
+  m.def("backward(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, "
+        "Tensor grad_bias)");
+}

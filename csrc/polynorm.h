@@ -1,0 +1,38 @@
+// Shared host-side declarations for the polynorm operators.
+//
+// PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884):
+//   y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b,
+//   norm(u) = u / sqrt(mean(u^2, last dim) + eps).
+// The closed-form backward is written out in ../shared/MATH.md and in the kernels.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <tuple>
+
+namespace polynorm {
+
+// A tensor seen as M rows of H elements: element (row, col) lives at
+// data + row * row_stride + col. `tensor` is the input itself when its layout
+// allows that (last-dim stride 1, leading dims collapsible into one row stride),
+// otherwise a contiguous copy of it: the one documented copy.
+struct Rows {
+  at::Tensor tensor;
+  int64_t M;
+  int64_t H;
+  int64_t row_stride;
+};
+
+Rows as_rows(const at::Tensor& t);
+
+// Argument checks shared by every backend. Each failure names the operator and the
+// argument, and gives both the expected and the actual value.
+void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
+void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& rstd);
+
+// dtype of the rstd cache and of every accumulator: fp64 for fp64 inputs, fp32 otherwise.
+at::ScalarType opmath_dtype(at::ScalarType x_dtype);
+
+}  // namespace polynorm

@@ -1,0 +1,609 @@
+// CUDA kernels for polynorm::forward and polynorm::backward.
+//
+// Layout of the work
+// - A "row group" of G threads (a power of two, 1..1024) owns one row. A block holds
+//   R = max(1, 256 / G) row groups, each on its own row, as blockDim = (G, R).
+// - A row is cut into 16-byte packs of VEC = 16 / sizeof(scalar_t) elements. Lane t of
+//   a group owns packs t, t + G, t + 2G, ... so each warp-wide access is coalesced.
+// - Rows of up to G * kMaxPacks packs stay in registers between the statistics pass
+//   and the output pass: x is read from device memory once (x and grad_y in backward).
+//   Longer rows are walked twice in tiles of that size; the second walk mostly hits L2.
+// - Every per-thread sum runs over the packs in the same order and the group reduction
+//   has a fixed shape, both set by (H, dtype) alone: a row's result is bitwise the same
+//   whatever batch or alignment it comes in. A pack is read with one 16-byte access
+//   when the row pointer and row stride allow it, else element by element; the
+//   arithmetic, and so the bits, are the same either way.
+// - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs).
+#include "polynorm.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cstdint>
+
+namespace polynorm {
+namespace {
+
+constexpr int kBlockThreads = 256;  // threads of a block when G <= 256: R = 256 / G rows per block
+constexpr int kMaxGroup = 1024;     // largest row group: one block per row
+
+// Packs each thread keeps in registers: 4 for forward (x), 2 each of x and grad_y
+// for backward. With 1024-thread groups the register cap is 64 per thread, and
+// `nvcc -Xptxas -v` shows these counts fit it without spills for fp16/bf16 (8 packs
+// spilled hundreds of bytes). Rows up to kMaxGroup * packs * VEC elements (bf16:
+// 32768 forward, 16384 backward) are read from device memory once.
+constexpr int kFwdPacks = 4;
+constexpr int kBwdPacks = 2;
+
+// A pack is 16 bytes of one row, kept as four raw 32-bit words. Elements are
+// converted to opmath when used, not when loaded: the registers hold the row in its
+// own (narrow) dtype, and keep_raw() stops the compiler from caching the converted
+// values across the row reduction instead (twice the registers for fp16/bf16).
+using Pack = uint4;
+
+__device__ __forceinline__ uint32_t& word(Pack& p, int i) { return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w; }
+__device__ __forceinline__ uint32_t word(const Pack& p, int i) {
+  return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w;
+}
+__device__ __forceinline__ void keep_raw(Pack& p) {
+  asm volatile("" : "+r"(p.x), "+r"(p.y), "+r"(p.z), "+r"(p.w));
+}
+
+// Element access and conversion by dtype. Raw bits travel as uint16/32/64.
+template <typename scalar_t>
+struct Elem;
+
+template <>
+struct Elem<float> {
+  using raw_t = uint32_t;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(r); }
+  __device__ static raw_t from_acc(float v) { return __float_as_uint(v); }
+};
+template <>
+struct Elem<double> {
+  using raw_t = unsigned long long;
+  __device__ static double to_acc(raw_t r) { return __longlong_as_double(static_cast<long long>(r)); }
+  __device__ static raw_t from_acc(double v) { return static_cast<raw_t>(__double_as_longlong(v)); }
+};
+template <>
+struct Elem<c10::Half> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __half2float(__ushort_as_half(r)); }
+  __device__ static raw_t from_acc(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+template <>
+struct Elem<c10::BFloat16> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
+  __device__ static raw_t from_acc(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
+
+template <typename scalar_t>
+struct PackOf {
+  using raw_t = typename Elem<scalar_t>::raw_t;
+  static constexpr int kVec = 16 / sizeof(scalar_t);
+
+  __device__ static raw_t get(const Pack& p, int e) {
+    if constexpr (sizeof(raw_t) == 2) {
+      return static_cast<raw_t>(word(p, e / 2) >> (16 * (e % 2)));
+    } else if constexpr (sizeof(raw_t) == 4) {
+      return word(p, e);
+    } else {
+      return (static_cast<raw_t>(word(p, 2 * e + 1)) << 32) | word(p, 2 * e);
+    }
+  }
+  __device__ static void set(Pack& p, int e, raw_t r) {
+    if constexpr (sizeof(raw_t) == 2) {
+      uint32_t& w = word(p, e / 2);
+      w = e % 2 == 0 ? (w & 0xffff0000u) | r : (w & 0x0000ffffu) | (static_cast<uint32_t>(r) << 16);
+    } else if constexpr (sizeof(raw_t) == 4) {
+      word(p, e) = r;
+    } else {
+      word(p, 2 * e) = static_cast<uint32_t>(r);
+      word(p, 2 * e + 1) = static_cast<uint32_t>(r >> 32);
+    }
+  }
+  __device__ static at::opmath_type<scalar_t> value(const Pack& p, int e) { return Elem<scalar_t>::to_acc(get(p, e)); }
+};
+
+// A weight or bias element of any float dtype, read on the device so that no host
+// synchronisation (and no conversion kernel) is needed.
+struct ParamRef {
+  const void* ptr;
+  int64_t stride;
+  c10::ScalarType dtype;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t load_param(const ParamRef& p, int64_t i) {
+  switch (p.dtype) {
+    case c10::ScalarType::Double:
+      return static_cast<acc_t>(static_cast<const double*>(p.ptr)[i * p.stride]);
+    case c10::ScalarType::Half:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::Half*>(p.ptr)[i * p.stride]));
+    case c10::ScalarType::BFloat16:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::BFloat16*>(p.ptr)[i * p.stride]));
+    default:
+      return static_cast<acc_t>(static_cast<const float*>(p.ptr)[i * p.stride]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_param(void* ptr, c10::ScalarType dtype, int64_t i, T v) {
+  switch (dtype) {
+    case c10::ScalarType::Double:
+      static_cast<double*>(ptr)[i] = static_cast<double>(v);
+      break;
+    case c10::ScalarType::Half:
+      static_cast<c10::Half*>(ptr)[i] = static_cast<c10::Half>(static_cast<float>(v));
+      break;
+    case c10::ScalarType::BFloat16:
+      static_cast<c10::BFloat16*>(ptr)[i] = static_cast<c10::BFloat16>(static_cast<float>(v));
+      break;
+    default:
+      static_cast<float*>(ptr)[i] = static_cast<float>(v);
+  }
+}
+
+// Loads pack `p` of a row (columns p*VEC .. p*VEC+VEC-1), zero past H. The
+// element-wise path (misaligned rows, the tail of an odd H) gives the same values.
+template <typename scalar_t>
+__device__ __forceinline__ Pack load_pack(const scalar_t* row, int64_t p, int64_t H, bool vec_ok) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) return *reinterpret_cast<const Pack*>(row + col);
+  const auto* raw = reinterpret_cast<const typename P::raw_t*>(row);
+  Pack out = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) P::set(out, e, raw[col + e]);
+  }
+  return out;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, bool vec_ok, const Pack& val) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) {
+    *reinterpret_cast<Pack*>(row + col) = val;
+    return;
+  }
+  auto* raw = reinterpret_cast<typename P::raw_t*>(row);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) raw[col + e] = P::get(val, e);
+  }
+}
+
+// Sums N values over the G threads of each row group; every thread of the group gets
+// the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
+// to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
+// shared memory and every thread adds the warp totals in warp order. The shape of the
+// tree depends only on G. All threads of the block must call it.
+template <int N, typename acc_t>
+__device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
+  const int G = blockDim.x;
+  const int width = G < 32 ? G : 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (G > 32) {
+    const int warps = G / 32;
+    const int warp = threadIdx.x / 32;
+    acc_t(*group_smem)[N] = smem + threadIdx.y * warps;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) group_smem[warp][k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_smem[0][k];
+      for (int w = 1; w < warps; ++w) total += group_smem[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+// Forward. One pass accumulates sum x^2, x^4, x^6 in opmath; one group reduction
+// combines all three; then rstd = [r_3, r_2, r_1] and y (Horner form) are written.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,                                 // x rows are 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_vec_ok,                                 // y rows are 16-byte aligned (H % VEC == 0)
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    int64_t M,
+    int64_t H,
+    double eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][3];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;  // inactive threads still join the reductions
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* y_row = y + (active ? row : 0) * H;
+
+  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // Rows of up to G * kFwdPacks packs stay in registers (x read once); the launch
+  // picks G so that every row up to kMaxGroup * kFwdPacks packs does. Longer rows are
+  // walked twice, tile by tile; the second walk mostly hits L2.
+  const bool resident = packs <= int64_t(G) * kFwdPacks;
+
+  Pack buf[kFwdPacks];
+  acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& pk) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      const acc_t v2 = v * v;
+      s[0] += v2;
+      s[1] += v2 * v2;
+      s[2] += v2 * v2 * v2;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(buf[i]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(buf[i]);
+      }
+    }
+  }
+  group_reduce<3>(s, smem);
+
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+  // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+  const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+  const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+  const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+  if (!active) return;  // no barrier below
+  if (threadIdx.x == 0) {
+    rstd[row * 3 + 0] = r3;
+    rstd[row * 3 + 1] = r2;
+    rstd[row * 3 + 2] = r1;
+  }
+  const acc_t a3 = load_param<acc_t>(weight, 0) * r3;
+  const acc_t a2 = load_param<acc_t>(weight, 1) * r2;
+  const acc_t a1 = load_param<acc_t>(weight, 2) * r1;
+  const acc_t b = load_param<acc_t>(bias, 0);
+  auto output = [&](const Pack& pk) {
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      P::set(out, e, Elem<scalar_t>::from_acc(v * (a1 + v * (a2 + v * a3)) + b));  // Horner form
+    }
+    return out;
+  };
+
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(buf[i]);
+        store_pack(y_row, p, H, y_vec_ok, output(buf[i]));
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) store_pack(y_row, p, H, y_vec_ok, output(buf[i]));
+      }
+    }
+  }
+}
+
+// Backward. One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and sum g; one group
+// reduction combines all four; then dx is written (MATH.md):
+//   c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,
+//   dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)).
+// Each block also writes its rows' share of [dw0, dw1, dw2, db] = sum over rows of
+// [r_3 S_3, r_2 S_2, r_1 S_1, sum g], summed over its row groups in a fixed order.
+template <typename scalar_t>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_vec_ok,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_vec_ok,
+    at::opmath_type<scalar_t>* __restrict__ partials,    // [gridDim.x, 4] opmath
+    int64_t M,
+    int64_t H) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][4];
+  __shared__ acc_t row_part[kBlockThreads][4];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;
+  const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* dx_row = grad_x + (active ? row : 0) * H;
+
+  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
+  const bool resident = packs <= int64_t(G) * kBwdPacks;
+
+  Pack xb[kBwdPacks];
+  Pack gb[kBwdPacks];
+  acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& xp, const Pack& gp) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = P::value(gp, e);
+      const acc_t gx = g * v;
+      s[0] += gx;
+      s[1] += gx * v;
+      s[2] += gx * v * v;
+      s[3] += g;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        xb[i] = load_pack(x_row, p, H, x_vec_ok);
+        gb[i] = load_pack(g_row, p, H, g_vec_ok);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(xb[i], gb[i]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(xb[i], gb[i]);
+      }
+    }
+  }
+  group_reduce<4>(s, smem);
+
+  acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+  if (active) {
+    r3 = rstd[row * 3 + 0];
+    r2 = rstd[row * 3 + 1];
+    r1 = rstd[row * 3 + 2];
+  }
+  // This block's share of the parameter gradients: row groups in order, then one write.
+  if (threadIdx.x == 0) {
+    row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
+    row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
+    row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
+    row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
+  }
+  __syncthreads();
+  const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
+  if (tid < 4) {
+    acc_t total = row_part[0][tid];
+    for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
+    partials[int64_t(blockIdx.x) * 4 + tid] = total;
+  }
+  if (!active) return;  // no barrier below
+
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t c1 = load_param<acc_t>(weight, 2) * r1;
+  const acc_t c2 = acc_t(2) * load_param<acc_t>(weight, 1) * r2;
+  const acc_t c3 = acc_t(3) * load_param<acc_t>(weight, 0) * r3;
+  const acc_t d1 = c1 * r1 * r1 * s[0] * inv_h;
+  const acc_t d2 = c2 * r2 * r2 * s[1] * inv_h;
+  const acc_t d3 = c3 * r3 * r3 * s[2] * inv_h;
+
+  auto output = [&](const Pack& xp, const Pack& gp) {
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = P::value(gp, e);
+      const acc_t v2 = v * v;
+      P::set(out, e, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
+    }
+    return out;
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        store_pack(dx_row, p, H, dx_vec_ok, output(xb[i], gb[i]));
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) store_pack(dx_row, p, H, dx_vec_ok, output(xb[i], gb[i]));
+      }
+    }
+  }
+}
+
+// Second, fixed-order pass over the per-block partials: warp k sums column k (lane l
+// takes blocks l, l + 32, ...; then a fixed xor tree), and writes dw0, dw1, dw2, db in
+// weight's dtype. No atomics: the same bits on every run.
+template <typename acc_t>
+__global__ void poly_norm_bwd_param_kernel(const acc_t* __restrict__ partials,  // [blocks, 4]
+                                           int64_t blocks,
+                                           void* grad_weight,  // (3,) weight's dtype
+                                           void* grad_bias,    // (1,) weight's dtype
+                                           c10::ScalarType out_dtype) {
+  const int col = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  acc_t total = acc_t(0);
+  for (int64_t b = lane; b < blocks; b += 32) total += partials[b * 4 + col];
+  for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+  if (lane == 0) {
+    if (col < 3) {
+      store_param(grad_weight, out_dtype, col, total);
+    } else {
+      store_param(grad_bias, out_dtype, 0, total);
+    }
+  }
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+ParamRef param_ref(const at::Tensor& t) {
+  // numel is 1 or 3; a flat view's stride steps between elements (the tensor may be a view).
+  const at::Tensor flat = t.reshape({t.numel()});
+  return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
+}
+
+// Launch shape from H and dtype only (never from M), so a row's bits do not depend on
+// its batch: the smallest power-of-two group G that covers the row's packs with at
+// most kPacks packs per thread (up to kMaxGroup; longer rows are tiled). Fewer,
+// fuller threads per row means more loads in flight per thread and a shallower
+// reduction; R = 256 / G rows share a block so that small rows still fill 8 warps.
+dim3 block_shape(int64_t H, int vec, int packs_per_thread) {
+  const int64_t packs = (H + vec - 1) / vec;
+  int G = 1;
+  while (G < kMaxGroup && int64_t(G) * packs_per_thread < packs) G *= 2;
+  return dim3(G, G >= kBlockThreads ? 1 : kBlockThreads / G);
+}
+
+std::tuple<at::Tensor, at::Tensor> poly_norm_forward_cuda(const at::Tensor& x, const at::Tensor& weight,
+                                                          const at::Tensor& bias, double eps) {
+  check_forward_args(x, weight, bias, eps);
+  TORCH_CHECK(x.is_cuda(), "polynorm.forward: expected x on a CUDA device, got ", x.device());
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const Rows rows = as_rows(x);
+  at::Tensor y = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor rstd = at::empty({rows.M, 3}, x.options().dtype(opmath_dtype(x.scalar_type())));
+  if (rows.M == 0) return {y, rstd};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "polynorm.forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    const scalar_t* x_ptr = rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
+    const dim3 block = block_shape(rows.H, kVec, kFwdPacks);
+    const int64_t grid = (rows.M + block.y - 1) / block.y;
+    poly_norm_fwd_kernel<scalar_t><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+        x_ptr, rows.row_stride, aligned16(x_ptr) && rows.row_stride % kVec == 0, y_ptr,
+        aligned16(y_ptr) && rows.H % kVec == 0, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
+        param_ref(bias), rows.M, rows.H, eps);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {y, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at::Tensor& grad_y,
+                                                                       const at::Tensor& x,
+                                                                       const at::Tensor& weight,
+                                                                       const at::Tensor& rstd) {
+  check_backward_args(grad_y, x, weight, rstd);
+  TORCH_CHECK(x.is_cuda(), "polynorm.backward: expected x on a CUDA device, got ", x.device());
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const Rows x_rows = as_rows(x);
+  const Rows g_rows = as_rows(grad_y);
+  const at::Tensor rstd_c = rstd.contiguous();  // [M, 3]: at most a tiny copy
+  at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  if (x_rows.M == 0) {
+    return {grad_x, at::zeros({3}, weight.options()), at::zeros({1}, weight.options())};
+  }
+  at::Tensor grad_weight = at::empty({3}, weight.options());
+  at::Tensor grad_bias = at::empty({1}, weight.options());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "polynorm.backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    const dim3 block = block_shape(x_rows.H, kVec, kBwdPacks);
+    const int64_t grid = (x_rows.M + block.y - 1) / block.y;
+    // O(M) partials: one [4] entry per block of R rows.
+    at::Tensor partials = at::empty({grid, 4}, x.options().dtype(opmath_dtype(x.scalar_type())));
+    const scalar_t* g_ptr = g_rows.tensor.const_data_ptr<scalar_t>();
+    const scalar_t* x_ptr = x_rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
+    poly_norm_bwd_kernel<scalar_t><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+        g_ptr, g_rows.row_stride, aligned16(g_ptr) && g_rows.row_stride % kVec == 0, x_ptr, x_rows.row_stride,
+        aligned16(x_ptr) && x_rows.row_stride % kVec == 0, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
+        dx_ptr, aligned16(dx_ptr) && x_rows.H % kVec == 0, partials.mutable_data_ptr<acc_t>(), x_rows.M,
+        x_rows.H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    poly_norm_bwd_param_kernel<acc_t><<<1, 128, 0, stream>>>(partials.const_data_ptr<acc_t>(), grid,
+                                                             grad_weight.mutable_data_ptr(),
+                                                             grad_bias.mutable_data_ptr(), weight.scalar_type());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return {grad_x, grad_weight, grad_bias};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
+  m.impl("forward", &poly_norm_forward_cuda);
+  m.impl("backward", &poly_norm_backward_cuda);
+}
+
+}  // namespace polynorm

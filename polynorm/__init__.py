@@ -1,0 +1,21 @@
+"""polynorm: PolyNorm kernels for PyTorch.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of
+Large Language Models", arXiv:2411.03884)::
+
+    y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b
+    norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
+
+Importing this package loads the compiled library, which registers
+``torch.ops.polynorm.forward`` and ``torch.ops.polynorm.backward``.
+"""
+
+import torch  # noqa: F401  (the compiled library links against torch's)
+
+from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
+from polynorm import reference
+from polynorm.module import PolyNorm
+from polynorm.ops import BACKENDS, poly_norm
+
+__all__ = ["BACKENDS", "PolyNorm", "poly_norm", "reference"]
+__version__ = "0.1.0"

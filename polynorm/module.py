@@ -1,0 +1,49 @@
+"""``polynorm.PolyNorm``: the activation as an ``nn.Module``."""
+
+import torch
+from torch import Tensor, nn
+
+from polynorm.ops import poly_norm
+
+__all__ = ["PolyNorm"]
+
+
+class PolyNorm(nn.Module):
+    """PolyNorm activation (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884).
+
+    ``y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b`` with
+    ``norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)`` over the last dimension.
+
+    Args:
+        eps: added to each mean square inside the square root; finite and >= 0.
+        device, dtype: of the parameters (any float dtype, independent of the input's).
+        backend: see :func:`polynorm.poly_norm`.
+
+    Parameters:
+        weight: ``(3,)``, ``[w0, w1, w2]``, initialised to ``[1/3, 1/3, 1/3]`` as in PolyCom.
+        bias: ``(1,)``, initialised to ``0``.
+
+    Shape:
+        input ``(..., H)`` of float32, float64, float16 or bfloat16; output the same
+        shape and dtype.
+    """
+
+    def __init__(self, eps: float = 1e-6, device=None, dtype=None, backend: str = "auto") -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.eps = eps
+        self.backend = backend
+        self.weight = nn.Parameter(torch.empty(3, **factory))
+        self.bias = nn.Parameter(torch.empty(1, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0 / 3.0)
+            self.bias.zero_()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return poly_norm(x, self.weight, self.bias, self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"eps={self.eps}, backend={self.backend!r}"

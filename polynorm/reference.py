@@ -1,0 +1,68 @@
+"""The pure-PyTorch definition of PolyNorm: the oracle every backend is tested against.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of
+Large Language Models", arXiv:2411.03884)::
+
+    y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b
+    norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
+
+Computed in ``compute_dtype`` (promoted with x's dtype, so float64 inputs stay float64)
+and rounded once to x's dtype. Autograd differentiates it, which makes it the oracle for
+the backward too when run with ``compute_dtype=torch.float64``.
+"""
+
+import torch
+from torch import Tensor
+
+__all__ = ["poly_norm", "rstd"]
+
+
+def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(x.dtype, compute_dtype)
+
+
+def rstd(x: Tensor, eps: float = 1e-6, *, compute_dtype: torch.dtype = torch.float32) -> Tensor:
+    """The per-row reciprocal RMS of x^3, x^2 and x.
+
+    Args:
+        x: ``(..., H)`` floating tensor.
+        eps: added to each mean square inside the square root.
+        compute_dtype: dtype of the computation (promoted with ``x.dtype``).
+
+    Returns:
+        ``(M, 3)`` tensor of ``compute_dtype``, ``M = x.numel() // H``, columns ordered
+        ``[r_3, r_2, r_1]`` where ``r_p = 1 / sqrt(mean(x^(2p)) + eps)``.
+    """
+    xc = x.to(_compute_dtype(x, compute_dtype)).reshape(-1, x.shape[-1])
+    powers = torch.stack([xc.pow(3), xc.pow(2), xc], dim=1)  # [M, 3, H]
+    return torch.rsqrt(powers.pow(2).mean(dim=-1) + eps)
+
+
+def poly_norm(
+    x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, *, compute_dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """PolyNorm in plain PyTorch: ``y = w0 norm(x^3) + w1 norm(x^2) + w2 norm(x) + b``.
+
+    Args:
+        x: ``(..., H)`` tensor, any floating dtype.
+        weight: ``(3,)`` tensor ``[w0, w1, w2]``; w0 scales the cubic term.
+        bias: ``(1,)`` or ``()`` tensor.
+        eps: added to each mean square inside the square root.
+        compute_dtype: dtype of the computation; promoted with ``x.dtype``, so the
+            default float32 upcasts fp16/bf16 and leaves float64 alone.
+
+    Returns:
+        y, with x's shape and dtype (rounded once from ``compute_dtype``).
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    dtype = _compute_dtype(x, compute_dtype)
+    xc = x.to(dtype)
+    w = weight.to(dtype).reshape(3)
+    b = bias.to(dtype).reshape(())
+
+    def norm(u: Tensor) -> Tensor:
+        return u * torch.rsqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+    y = w[0] * norm(xc.pow(3)) + w[1] * norm(xc.pow(2)) + w[2] * norm(xc) + b
+    return y.to(x.dtype)

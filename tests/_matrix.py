@@ -1,0 +1,182 @@
+"""The shared test matrix and float64 oracle for every polynorm backend.
+
+Every backend (the C++ CPU kernel, the CUDA kernels, Triton) is checked through the
+helpers here: the same shapes, dtypes and layouts, the same oracle
+(:func:`polynorm.reference.poly_norm` run in float64 and differentiated by autograd),
+and the same dtype-derived tolerances.
+"""
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+import polynorm
+from polynorm import reference
+
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+HAS_CUDA = torch.cuda.is_available()
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+# Layouts of x (and grad_y) that every backend must accept.
+# - contiguous: a fresh (M, H) tensor.
+# - sliced: rows of a wider buffer, (M, H + 3)[:, :H]: strided rows, read in place.
+# - misaligned: buf[1:].view(M, H): rows start off a 16-byte boundary.
+# - transposed: (H, M).t(): last-dim stride M, copied once.
+# - 3d / 4d: leading dims that collapse into one row stride.
+LAYOUTS = ["contiguous", "sliced", "misaligned", "transposed", "3d", "4d"]
+
+# Unit roundoff of the accumulation: fp32 for fp16/bf16/fp32, fp64 for fp64.
+def compute_eps(dtype: torch.dtype) -> float:
+    return torch.finfo(torch.float64).eps / 2 if dtype == torch.float64 else torch.finfo(torch.float32).eps / 2
+
+
+def seed_for(*key) -> int:
+    """A fresh, reproducible seed per test case (a failure replays exactly)."""
+    return int.from_bytes(hashlib.sha256(repr(key).encode()).digest()[:4], "little")
+
+
+def make_rows(M: int, H: int, dtype, device, layout: str, gen: torch.Generator, scale: float = 1.0) -> torch.Tensor:
+    """Random normal values (never zeros) in the requested layout, logical shape (M, H) or 3-D/4-D."""
+
+    def randn(*shape):
+        return (torch.randn(*shape, generator=gen, dtype=torch.float32) * scale).to(dtype).to(device)
+
+    if layout == "contiguous":
+        return randn(M, H)
+    if layout == "sliced":
+        return randn(M, H + 3)[:, :H]
+    if layout == "misaligned":
+        return randn(M * H + 1)[1:].view(M, H)
+    if layout == "transposed":
+        return randn(H, M).t()
+    if layout == "3d":
+        return randn(M, 2, H + 1)[:, :, :H]
+    if layout == "4d":
+        return randn(2, M, 2, H)
+    raise ValueError(layout)
+
+
+def make_params(dtype, device, gen: torch.Generator):
+    """weight (3,) and bias (1,) with random values of both signs, in ``dtype``."""
+    w = torch.randn(3, generator=gen, dtype=torch.float32) * 0.5 + torch.tensor([0.3, -0.4, 0.9])
+    b = torch.randn(1, generator=gen, dtype=torch.float32) * 0.1
+    return w.to(dtype).to(device), b.to(dtype).to(device)
+
+
+def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    denom = b.norm().item()
+    return (a - b).norm().item() / denom if denom > 0 else (a - b).norm().item()
+
+
+@dataclass
+class Grads:
+    y: torch.Tensor
+    dx: torch.Tensor
+    dw: torch.Tensor
+    db: torch.Tensor
+
+
+def closed_form(x, g, w, b, eps):
+    """MATH.md's formulas written out in float64, not through autograd.
+
+    Returns the results and, for the tolerances, each result's scale: the sum of the
+    magnitudes of the terms it adds up (an fp computation's error is a few units of
+    roundoff times that, however much the terms cancel).
+    """
+    x = x.double().reshape(-1, x.shape[-1])
+    g = g.double().reshape(-1, x.shape[-1])
+    w = w.double().reshape(3)
+    b = b.double().reshape(())
+    H = x.shape[-1]
+    r = {p: 1.0 / torch.sqrt((x ** (2 * p)).mean(-1, keepdim=True) + eps) for p in (1, 2, 3)}
+    wp = {3: w[0], 2: w[1], 1: w[2]}
+    y_terms = [wp[p] * x**p * r[p] for p in (1, 2, 3)]
+    y = sum(y_terms) + b
+    y_scale = sum(t.abs() for t in y_terms) + b.abs()
+    S = {p: (g * x**p).sum(-1, keepdim=True) for p in (1, 2, 3)}
+    dx_terms = []
+    for p in (1, 2, 3):
+        c = wp[p] * p * r[p]
+        dx_terms.append(c * x ** (p - 1) * g)
+        dx_terms.append(-c * x ** (2 * p - 1) * r[p] ** 2 * S[p] / H)
+    dx = sum(dx_terms)
+    dx_scale = sum(t.abs() for t in dx_terms)
+    dw = torch.stack([(r[3] * S[3]).sum(), (r[2] * S[2]).sum(), (r[1] * S[1]).sum()])
+    dw_scale = torch.stack([(r[p] * (g * x**p).abs().sum(-1, keepdim=True)).sum() for p in (3, 2, 1)])
+    db = g.sum().reshape(1)
+    db_scale = g.abs().sum().reshape(1)
+    return Grads(y, dx, dw, db), Grads(y_scale, dx_scale, dw_scale, db_scale)
+
+
+def autograd_reference(x, g, w, b, eps, compute_dtype):
+    """y, dx, dw, db from polynorm.reference and autograd, computed in ``compute_dtype``.
+
+    With float64 the inputs are upcast first (exactly), so the results stay float64:
+    that is the oracle. Otherwise y is rounded to x's dtype as a user would get it.
+    """
+    if compute_dtype == torch.float64:
+        x, g, w, b = x.double(), g.double(), w.double(), b.double()
+    x_ = x.detach().clone().requires_grad_(True)
+    w_ = w.detach().clone().requires_grad_(True)
+    b_ = b.detach().clone().requires_grad_(True)
+    y = reference.poly_norm(x_, w_, b_, eps, compute_dtype=compute_dtype)
+    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
+    return Grads(y.detach(), dx, dw, db)
+
+
+def run_backend(backend: str, x, g, w, b, eps):
+    """y, dx, dw, db from a polynorm backend through the public API (autograd included)."""
+    x_ = x.detach().clone().requires_grad_(True) if x.is_contiguous() else _same_layout_leaf(x)
+    w_ = w.detach().clone().requires_grad_(True)
+    b_ = b.detach().clone().requires_grad_(True)
+    y = polynorm.poly_norm(x_, w_, b_, eps, backend=backend)
+    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
+    return Grads(y.detach(), dx, dw, db)
+
+
+def _same_layout_leaf(x):
+    """A leaf that requires grad and keeps x's strides (so the kernels see the layout)."""
+    base = x.detach()
+    leaf = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+    leaf.copy_(base)
+    return leaf.requires_grad_(True)
+
+
+def check_against_oracle(out: Grads, x, g, w, b, eps, what: str = ""):
+    """Asserts a backend's results against the float64 oracle, with dtype-derived tolerances.
+
+    - y and dx: relative L2 error at most 1.05x that of the fp32-upcast reference rounded
+      to x's dtype, plus 16 units of accumulation roundoff times the terms' scale. The
+      second term is the error any fp32 (fp64) computation of these sums may make in a
+      different order; it is ~1e-6 relative, negligible next to the first for fp16/bf16
+      (1e-4..1e-3), and what bounds fp32/fp64, where the rounding to x's dtype is no
+      larger than the computation's own error.
+    - dw and db: accumulated in fp32 (fp64), within 1e-5 relative, plus the same
+      roundoff-times-scale term, plus the rounding to weight's dtype.
+    """
+    oracle = autograd_reference(x, g, w, b, eps, torch.float64)
+    ref32 = autograd_reference(x, g, w, b, eps, torch.float32)
+    _, scale = closed_form(x, g, w, b, eps)
+    u = compute_eps(x.dtype)
+    for name in ("y", "dx"):
+        got = getattr(out, name)
+        exp = getattr(oracle, name)
+        assert got.shape == exp.shape and got.dtype == x.dtype, (what, name, got.shape, got.dtype)
+        assert torch.isfinite(got).all(), f"{what} {name}: non-finite values"
+        err = rel_l2(got, exp)
+        err_ref = rel_l2(getattr(ref32, name).to(x.dtype), exp)
+        slack = 16 * u * getattr(scale, name).norm().item() / max(exp.double().norm().item(), 1e-300)
+        bound = 1.05 * err_ref + slack
+        assert err <= bound, f"{what} {name}: rel L2 error {err:.3e} > bound {bound:.3e} (fp32 reference {err_ref:.3e})"
+    for name in ("dw", "db"):
+        got = getattr(out, name).double().reshape(-1)
+        exp = getattr(oracle, name).double().reshape(-1)
+        sc = getattr(scale, name).double().reshape(-1).to(exp.device)
+        u_out = torch.finfo(getattr(out, name).dtype).eps / 2
+        tol = (1e-5 + u_out) * exp.abs() + 16 * u * sc * math.log2(max(2, x.numel()))
+        assert torch.all((got - exp).abs() <= tol), f"{what} {name}: got {got.tolist()}, expected {exp.tolist()}"

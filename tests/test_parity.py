@@ -1,0 +1,105 @@
+"""Every backend against the float64 oracle, over one shared matrix of shapes, dtypes and layouts."""
+
+import pytest
+import torch
+
+from _matrix import (
+    DEVICES,
+    DTYPES,
+    HAS_CUDA,
+    LAYOUTS,
+    check_against_oracle,
+    make_params,
+    make_rows,
+    requires_cuda,
+    run_backend,
+    seed_for,
+)
+
+# (device, backend) pairs that run a kernel of this project. The CPU kernel runs in CI.
+BACKENDS = [("cpu", "auto"), pytest.param("cuda", "cuda", marks=requires_cuda)]
+
+CPU_H = [1, 2, 3, 8, 127, 769, 4096, 5125]
+GPU_M = [1, 7, 83, 4096]
+GPU_H = [1, 3, 8, 127, 769, 1024, 4096, 5125, 8192, 16385, 65536, 262145]
+# The GPU sweep keeps each case under 2^25 elements (the fp64 oracle and its autograd
+# graph hold several float64 copies); the benchmark covers the larger shapes.
+GPU_SHAPES = [(M, H) for M in GPU_M for H in GPU_H if M * H <= 2**25]
+
+
+def _case(device, backend, M, H, dtype, layout, param_dtype=torch.float32, eps=1e-6):
+    gen = torch.Generator().manual_seed(seed_for(device, backend, M, H, dtype, layout, param_dtype))
+    x = make_rows(M, H, dtype, device, layout, gen)
+    g = make_rows(M, H, dtype, device, layout, gen)
+    w, b = make_params(param_dtype, device, gen)
+    out = run_backend(backend, x, g, w, b, eps)
+    check_against_oracle(out, x, g, w, b, eps, what=f"{backend} {device} M={M} H={H} {dtype} {layout}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H", CPU_H)
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_contiguous_small(device, backend, H, dtype):
+    _case(device, backend, 7, H, dtype, "contiguous")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H", [3, 127, 769, 4096])
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_layouts(device, backend, H, dtype, layout):
+    _case(device, backend, 5, H, dtype, layout)
+
+
+@pytest.mark.parametrize("param_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_mixed_param_dtypes(device, backend, dtype, param_dtype):
+    _case(device, backend, 9, 769, dtype, "contiguous", param_dtype=param_dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,H", GPU_SHAPES)
+@requires_cuda
+def test_gpu_shapes(M, H, dtype):
+    _case("cuda", "cuda", M, H, dtype, "contiguous")
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+@pytest.mark.parametrize("ndim", [1, 2, 3, 4])
+def test_ranks(device, backend, ndim):
+    gen = torch.Generator().manual_seed(seed_for("ranks", device, ndim))
+    shape = [3, 2, 5, 33][-ndim:]
+    x = torch.randn(*shape, generator=gen).to(device)
+    g = torch.randn(*shape, generator=gen).to(device)
+    w, b = make_params(torch.float32, device, gen)
+    out = run_backend(backend, x, g, w, b, 1e-6)
+    assert out.y.shape == x.shape and out.dx.shape == x.shape
+    check_against_oracle(out, x, g, w, b, 1e-6, what=f"{ndim}-D")
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+@pytest.mark.parametrize("grad_layout", ["expand", "sliced"])
+def test_grad_y_layouts(device, backend, grad_layout):
+    gen = torch.Generator().manual_seed(seed_for("grad_layout", device, grad_layout))
+    M, H = 6, 200
+    x = make_rows(M, H, torch.float32, device, "contiguous", gen)
+    if grad_layout == "expand":
+        g = torch.randn(1, H, generator=gen).to(device).expand(M, H)  # row stride 0
+    else:
+        g = torch.randn(M, 2 * H, generator=gen).to(device)[:, ::2]  # last-dim stride 2: copied
+    w, b = make_params(torch.float32, device, gen)
+    check_against_oracle(run_backend(backend, x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=grad_layout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty(device, dtype):
+    x = torch.empty(0, 4, 16, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(3, device=device, requires_grad=True)
+    b = torch.randn(1, device=device, requires_grad=True)
+    y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+    assert y.shape == x.shape and rstd.shape == (0, 3)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros(3, device=device)) and torch.equal(b.grad, torch.zeros(1, device=device))
