@@ -1,0 +1,153 @@
+"""Kernel behaviour beyond plain parity: numerical robustness, determinism, batch
+invariance, huge inputs, CUDA graphs. Each test runs every kernel backend it applies to."""
+
+import pytest
+import torch
+
+from _matrix import (
+    autograd_reference,
+    check_against_oracle,
+    make_params,
+    make_rows,
+    requires_cuda,
+    run_backend,
+    seed_for,
+)
+
+# (device, backend) pairs of this project's kernels.
+KERNELS = [("cpu", "auto"), pytest.param("cuda", "cuda", marks=requires_cuda)]
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("H", [127, 4096])
+def test_fp16_large_values_stay_finite(device, backend, H):
+    # |x| up to 60000: x^6 ~ 4.7e28 overflows fp16 by far, not the fp32 accumulators.
+    gen = torch.Generator().manual_seed(seed_for("fp16big", device, H))
+    x = ((torch.rand(8, H, generator=gen) * 2 - 1) * 60000).to(torch.float16).to(device)
+    g = torch.randn(8, H, generator=gen).to(torch.float16).to(device)
+    w, b = make_params(torch.float32, device, gen)
+    out = run_backend(backend, x, g, w, b, 1e-6)
+    check_against_oracle(out, x, g, w, b, 1e-6, what="fp16 +-60000")
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_confined_to_its_row(device, backend, bad):
+    gen = torch.Generator().manual_seed(seed_for("nonfinite", device, bad))
+    x = make_rows(6, 300, torch.bfloat16, device, "contiguous", gen)
+    x[2, 17] = bad
+    g = make_rows(6, 300, torch.bfloat16, device, "contiguous", gen)
+    w, b = make_params(torch.float32, device, gen)
+    out = run_backend(backend, x, g, w, b, 1e-6)
+    assert not torch.isfinite(out.y[2]).all()
+    others = [0, 1, 3, 4, 5]
+    assert torch.isfinite(out.y[others]).all() and torch.isfinite(out.dx[others]).all()
+    ref = autograd_reference(x[others], g[others], w, b, 1e-6, torch.float32)
+    torch.testing.assert_close(out.y[others], ref.y, rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zero_row(device, backend, dtype):
+    gen = torch.Generator().manual_seed(seed_for("zero", device, dtype))
+    x = make_rows(4, 64, dtype, device, "contiguous", gen)
+    x[1] = 0
+    g = make_rows(4, 64, dtype, device, "contiguous", gen)
+    w, b = make_params(torch.float32, device, gen)
+    # eps > 0: y = b on the zero row, and every gradient is finite.
+    out = run_backend(backend, x, g, w, b, 1e-6)
+    assert torch.equal(out.y[1], b.to(dtype).expand(64))
+    for t in (out.dx, out.dw, out.db):
+        assert torch.isfinite(t).all()
+    # eps = 0: 0 * inf = NaN on that row, exactly as the oracle says.
+    out0 = run_backend(backend, x, g, w, b, 0.0)
+    ref0 = autograd_reference(x, g, w, b, 0.0, torch.float64)
+    assert torch.equal(torch.isnan(out0.y), torch.isnan(ref0.y))
+    torch.testing.assert_close(out0.y[[0, 2, 3]].double(), ref0.y[[0, 2, 3]], rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("H", [769, 8192, 65536])
+def test_backward_deterministic(device, backend, H):
+    gen = torch.Generator().manual_seed(seed_for("determinism", device, H))
+    M = 300 if device == "cuda" else 20
+    x = make_rows(M, H, torch.bfloat16, device, "contiguous", gen)
+    g = make_rows(M, H, torch.bfloat16, device, "contiguous", gen)
+    w, b = make_params(torch.float32, device, gen)
+    first = run_backend(backend, x, g, w, b, 1e-6)
+    for _ in range(9):
+        again = run_backend(backend, x, g, w, b, 1e-6)
+        for name in ("y", "dx", "dw", "db"):
+            assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H", [3, 1024, 5125, 65536])
+def test_batch_invariance(device, backend, dtype, H):
+    # Launch choices depend on H and dtype only: a row's y is the same in any batch.
+    gen = torch.Generator().manual_seed(seed_for("batch", device, dtype, H))
+    sizes = [1, 255, 256, 257, 4096] if device == "cuda" else [1, 255, 256, 257]
+    if H >= 65536:
+        sizes = [1, 255, 256, 257]
+    big = make_rows(max(sizes), H, dtype, device, "contiguous", gen)
+    row = big[0:1].clone()
+    w, b = make_params(torch.float32, device, gen)
+    import polynorm
+
+    alone = polynorm.poly_norm(row, w, b, backend=backend)
+    for n in sizes:
+        batch = torch.cat([row, big[1:n]]) if n > 1 else row.clone()
+        perm = torch.randperm(n, generator=gen)  # the row lands anywhere in the batch
+        at = int((perm == 0).nonzero())
+        y = polynorm.poly_norm(batch[perm], w, b, backend=backend)
+        assert torch.equal(y[at : at + 1], alone), f"batch of {n}"
+
+
+@requires_cuda
+def test_more_than_2_pow_31_elements():
+    # bf16, numel > 2^31: 64-bit offsets. Checked on the first and last rows.
+    H = 16384
+    M = 2**31 // H + 3
+    gen = torch.Generator(device="cuda").manual_seed(seed_for("huge"))
+    x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    g = torch.randn(M, H, device="cuda", dtype=torch.bfloat16, generator=gen)
+    w, b = make_params(torch.float32, "cuda", torch.Generator().manual_seed(1))
+    y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+    dx, dw, db = torch.ops.polynorm.backward(g, x, w, rstd)
+    for rows in (slice(0, 2), slice(M - 2, M)):
+        ref = autograd_reference(x[rows], g[rows], w, b, 1e-6, torch.float32)
+        torch.testing.assert_close(y[rows], ref.y, rtol=1.6e-2, atol=1e-2)
+        torch.testing.assert_close(dx[rows], ref.dx, rtol=1.6e-2, atol=1e-2)
+    assert torch.isfinite(dw).all() and torch.isfinite(db).all()
+    del x, g, y, dx
+    torch.cuda.empty_cache()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_graph_capture(dtype):
+    # No host synchronisation and no allocation outside the caching allocator: capturable.
+    gen = torch.Generator().manual_seed(seed_for("graph", dtype))
+    x = make_rows(64, 4096, dtype, "cuda", "contiguous", gen)
+    g = make_rows(64, 4096, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm-up outside the capture
+            y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+            torch.ops.polynorm.backward(g, x, w, rstd)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+        dx, dw, db = torch.ops.polynorm.backward(g, x, w, rstd)
+    x.copy_(make_rows(64, 4096, dtype, "cuda", "contiguous", gen))
+    g.copy_(make_rows(64, 4096, dtype, "cuda", "contiguous", gen))
+    graph.replay()
+    y_e, rstd_e = torch.ops.polynorm.forward(x, w, b, 1e-6)
+    dx_e, dw_e, db_e = torch.ops.polynorm.backward(g, x, w, rstd_e)
+    for a, e in ((y, y_e), (rstd, rstd_e), (dx, dx_e), (dw, dw_e), (db, db_e)):
+        assert torch.equal(a, e)
+    check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what="after graph")
