@@ -5,6 +5,8 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstdio>
+#include <string>
 
 namespace polynorm {
 
@@ -37,6 +39,21 @@ Rows as_rows(const at::Tensor& t) {
 
 namespace {
 
+// Numbers and shapes are formatted here (snprintf), never streamed: an extension built
+// with a newer libstdc++ than torch's crashed inside std::ostream's integer insertion
+// (seen with torch 2.11 wheels and GCC 13). Strings and torch's own types stream safely.
+std::string num(int64_t v) { return std::to_string(v); }
+std::string num(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+std::string shape(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
+
 bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
@@ -45,7 +62,7 @@ void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight)
   TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
               ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
   TORCH_CHECK(weight.numel() == 3, op, ": expected weight to have 3 elements [w0, w1, w2], got ",
-              weight.numel(), " (shape ", weight.sizes(), ")");
+              num(weight.numel()), " (shape ", shape(weight.sizes()), ")");
   TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(),
               ", got ", weight.device());
 }
@@ -55,7 +72,7 @@ void check_x(const char* op, const char* name, const at::Tensor& x) {
               " to be float32, float64, float16 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, op, ": expected ", name, " to have at least 1 dimension (..., H), got a 0-d tensor");
   TORCH_CHECK(x.size(-1) >= 1, op, ": expected ", name, " to have a last dimension H >= 1, got shape ",
-              x.sizes());
+              shape(x.sizes()));
 }
 
 }  // namespace
@@ -66,11 +83,11 @@ void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at:
   check_params(op, x, weight);
   TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
               ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
-  TORCH_CHECK(bias.numel() == 1, op, ": expected bias to have 1 element (shape (1,) or ()), got ", bias.numel(),
-              " (shape ", bias.sizes(), ")");
+  TORCH_CHECK(bias.numel() == 1, op, ": expected bias to have 1 element (shape (1,) or ()), got ",
+              num(bias.numel()), " (shape ", shape(bias.sizes()), ")");
   TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
               bias.device());
-  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, op, ": expected eps to be finite and >= 0, got ", eps);
+  TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, op, ": expected eps to be finite and >= 0, got ", num(eps));
 }
 
 void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
@@ -78,15 +95,15 @@ void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at
   constexpr const char* op = "polynorm.backward";
   check_x(op, "x", x);
   check_params(op, x, weight);
-  TORCH_CHECK(grad_y.sizes() == x.sizes(), op, ": expected grad_y to have x's shape ", x.sizes(), ", got ",
-              grad_y.sizes());
+  TORCH_CHECK(grad_y.sizes() == x.sizes(), op, ": expected grad_y to have x's shape ", shape(x.sizes()), ", got ",
+              shape(grad_y.sizes()));
   TORCH_CHECK(grad_y.scalar_type() == x.scalar_type(), op, ": expected grad_y to have x's dtype ",
               x.scalar_type(), ", got ", grad_y.scalar_type());
   TORCH_CHECK(grad_y.device() == x.device(), op, ": expected grad_y on x's device ", x.device(), ", got ",
               grad_y.device());
   const int64_t M = x.numel() / x.size(-1);
   TORCH_CHECK(rstd.dim() == 2 && rstd.size(0) == M && rstd.size(1) == 3, op,
-              ": expected rstd of shape [", M, ", 3] (rows of x, then r_3, r_2, r_1), got ", rstd.sizes());
+              ": expected rstd of shape [", num(M), ", 3] (rows of x, then r_3, r_2, r_1), got ", shape(rstd.sizes()));
   TORCH_CHECK(rstd.scalar_type() == opmath_dtype(x.scalar_type()), op, ": expected rstd of dtype ",
               opmath_dtype(x.scalar_type()), " for x of dtype ", x.scalar_type(), ", got ", rstd.scalar_type());
   TORCH_CHECK(rstd.device() == x.device(), op, ": expected rstd on x's device ", x.device(), ", got ",

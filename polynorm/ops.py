@@ -10,9 +10,15 @@ from torch import Tensor
 
 from polynorm import reference
 
+try:  # registers torch.ops.polynorm.forward_triton and backward_triton
+    from polynorm import triton_kernels as _triton_kernels
+except ImportError as _error:  # Triton is optional: every other backend works without it
+    _triton_kernels = None
+    _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
+
 __all__ = ["poly_norm", "BACKENDS"]
 
-BACKENDS = ("auto", "cuda", "reference")
+BACKENDS = ("auto", "cuda", "triton", "reference")
 
 
 def _rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -83,8 +89,10 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         bias: ``(1,)`` or ``()`` tensor of any of those dtypes.
         eps: added to each mean square inside the square root; finite and >= 0.
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
-            tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device) or
-            ``"reference"`` (:func:`polynorm.reference.poly_norm`, plain PyTorch).
+            tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device),
+            ``"triton"`` (the Triton kernels, ``torch.ops.polynorm.forward_triton``; x on a
+            CUDA device, or on the CPU under ``TRITON_INTERPRET=1``; needs the ``triton``
+            package) or ``"reference"`` (:func:`polynorm.reference.poly_norm`, plain PyTorch).
 
     Returns:
         y: x's shape and dtype, contiguous. Its gradient gives ``grad_weight`` in
@@ -94,8 +102,10 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
             weight without 3 elements, bias without 1 element, tensors on different
-            devices, or backend ``"cuda"`` with x not on a CUDA device. Each message
-            names the op and the argument, with the expected and the actual value.
+            devices, backend ``"cuda"`` with x not on a CUDA device, or backend
+            ``"triton"`` without the triton package or with CPU tensors outside the
+            interpreter. Each message names the op and the argument, with the expected
+            and the actual value.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
@@ -105,6 +115,13 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         if not x.is_cuda:
             raise RuntimeError(f"polynorm.poly_norm: backend 'cuda' expected x on a CUDA device, got {x.device}")
         return torch.ops.polynorm.forward(x, weight, bias, eps)[0]
+    if backend == "triton":
+        if _triton_kernels is None:
+            raise RuntimeError(
+                "polynorm.poly_norm: backend 'triton' expected the triton package to import, "
+                f"got {_TRITON_IMPORT_ERROR}"
+            )
+        return torch.ops.polynorm.forward_triton(x, weight, bias, eps)[0]
     if backend == "reference":
         return reference.poly_norm(x, weight, bias, eps)
     raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")

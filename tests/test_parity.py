@@ -1,5 +1,8 @@
 """Every backend against the float64 oracle, over one shared matrix of shapes, dtypes and layouts."""
 
+import importlib.util
+import os
+
 import pytest
 import torch
 
@@ -16,8 +19,24 @@ from _matrix import (
     seed_for,
 )
 
-# (device, backend) pairs that run a kernel of this project. The CPU kernel runs in CI.
-BACKENDS = [("cpu", "auto"), pytest.param("cuda", "cuda", marks=requires_cuda)]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
+# Triton runs CPU tensors only in its interpreter, which tests/conftest.py turns on when
+# there is no CUDA device (it must be chosen before polynorm is imported).
+requires_interpreter = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)",
+)
+
+# (device, backend) pairs that run a kernel of this project. The CPU kernel and the Triton
+# kernels under the interpreter run in CI.
+BACKENDS = [
+    ("cpu", "auto"),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
+    pytest.param("cuda", "cuda", marks=requires_cuda),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
+]
+TRITON_BACKENDS = [p for p in BACKENDS if getattr(p, "values", p)[1] == "triton"]
 
 CPU_H = [1, 2, 3, 8, 127, 769, 4096, 5125]
 GPU_M = [1, 7, 83, 4096]
@@ -60,9 +79,27 @@ def test_mixed_param_dtypes(device, backend, dtype, param_dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M,H", GPU_SHAPES)
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
 @requires_cuda
-def test_gpu_shapes(M, H, dtype):
-    _case("cuda", "cuda", M, H, dtype, "contiguous")
+def test_gpu_shapes(backend, M, H, dtype):
+    _case("cuda", backend, M, H, dtype, "contiguous")
+
+
+# The Triton kernels walk a row in column blocks, twice, when it does not fit one block.
+# H = 32769 passes the real limits (forward 16384 or 32768 columns, backward 4096 or 8192,
+# by dtype); a lowered one-block limit (a power of two, in columns) reaches the same code
+# with small H, with a partial last block, cheaply under the interpreter.
+@pytest.mark.parametrize("layout", ["contiguous", "sliced"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H,max_one_block", [(769, 256), (5125, 1024), (32769, None)])
+@pytest.mark.parametrize("device,backend", TRITON_BACKENDS)
+def test_triton_column_blocks(device, backend, H, max_one_block, dtype, layout, monkeypatch):
+    from polynorm import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "_MAX_ONE_BLOCK_OVERRIDE", max_one_block)
+    for direction in ("forward", "backward"):
+        assert not triton_kernels._launch_config(H, dtype, direction)[2], (H, dtype, direction, "fits one block")
+    _case(device, backend, 3, H, dtype, layout)
 
 
 @pytest.mark.parametrize("device,backend", BACKENDS)

@@ -1,0 +1,755 @@
+#!/usr/bin/env python3
+"""Benchmark every PolyNorm provider against bandwidth floors measured in the same run.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884)::
+
+    y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b,   norm(u) = u / sqrt(mean(u^2) + eps)
+
+Providers: ``polynorm_cuda`` and ``polynorm_triton`` (:func:`polynorm.poly_norm` with that
+backend), ``eager`` (:func:`polynorm.reference.poly_norm`, PyTorch with an fp32 upcast),
+``torch_compile`` (``torch.compile`` of eager) and ``liger`` (Liger-Kernel's Triton PolyNorm,
+out of place). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
+eager. An optional provider that is missing or fails its first call is skipped with a message.
+
+Method (that of the peer numbers in ``shared/anchors/h200-2026-11-29.md``):
+
+- x ``(M, H)`` and grad_y are randn in the activation dtype (bf16 by default); weight ``(3,)``
+  is fp32 near ``[0.3, -0.4, 0.9]`` and bias ``()`` fp32 near 0. x, weight and bias require grad.
+- Modes: ``forward`` (with autograd recording, as in training); ``backward`` (only
+  ``torch.autograd.grad`` of a retained graph, for dx, dw and db); ``full`` (both).
+- Speed: the median, 20th and 80th percentile ms of ``triton.testing.do_bench``, which
+  flushes the L2 cache before every timed call, so even the small seed shapes (4 MB at
+  M=2048, H=1024 bf16, well under the H200's 60 MB L2) are read from HBM. Those shapes run
+  for a few microseconds, so the CPU cost of autograd and launches shows in them wherever
+  it exceeds the ~0.1 ms head start that the flush gives the CPU.
+- Floors, timed at each shape right before the providers: ``floor_copy`` (a same-size copy:
+  read x, write y) for forward, ``floor_add`` (a same-size ``torch.add(a, b, out=c)``: read two,
+  write one) for backward, and their sum for full. Ratio = time / floor; effective bandwidth
+  = the floor's bytes (2, 3 or 5 passes over M*H elements) / time.
+- Memory: the peak of ``torch.cuda.max_memory_allocated`` over one full pass, minus what was
+  allocated before it (the inputs), in MiB.
+
+Outputs, in ``--out``: ``polynorm_bench.json`` (a list of records in Liger-Kernel's benchmark
+schema), ``speed_<sweep>_<mode>.png``, ``ratio_<sweep>.png``, ``memory.png`` and ``summary.md``,
+which is printed at the end.
+
+Usage::
+
+    python3 bench/bench.py --quick                  # under 2 minutes on an H200
+    python3 bench/bench.py                          # every sweep, mode and provider
+    python3 bench/bench.py --sweep bytes --modes forward backward --providers polynorm_cuda eager
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import importlib.metadata
+import json
+import platform
+import re
+import shlex
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch._functorch.config
+from torch import Tensor
+from torch.utils import benchmark as torch_benchmark
+
+import polynorm
+from polynorm import reference
+
+try:
+    import triton
+    import triton.testing
+except ImportError:  # the CPU path times with torch.utils.benchmark instead
+    triton = None
+
+try:
+    from tqdm import tqdm
+except ImportError:
+    tqdm = None
+
+KERNEL_NAME = "polynorm"
+QUANTILES = [0.5, 0.2, 0.8]  # do_bench returns them in this order: median, 20th, 80th
+MODES = ("forward", "backward", "full")
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+FLOOR_COPY, FLOOR_ADD = "floor_copy", "floor_add"
+FLOORS = (FLOOR_COPY, FLOOR_ADD)
+# Passes over the M*H elements that each mode's floor makes: copy reads x and writes y
+# (2); add reads x and grad_y and writes dx (3); full is both (5).
+FLOOR_PASSES = {"forward": 2, "backward": 3, "full": 5}
+FLOOR_LABELS = {"forward": "copy", "backward": "add", "full": "copy + add"}
+GPU_PROVIDERS = ("polynorm_cuda", "polynorm_triton", "eager", "torch_compile", "liger")
+CPU_PROVIDERS = ("polynorm_cpu", "eager")
+PROVIDERS = ("polynorm_cuda", "polynorm_triton", "polynorm_cpu", "eager", "torch_compile", "liger")
+# The provider whose effective bandwidth summary.md reports, in order of preference.
+MAIN_PROVIDERS = ("polynorm_cuda", "polynorm_cpu", "polynorm_triton")
+
+# The sweeps' x values, and the subsets that --quick runs.
+SEED_M, SEED_H = 2048, (1024, 2048, 4096, 8192, 16384, 32768)
+BYTES_MH = 2**26  # 128 MiB per bf16 tensor: twice the L2 even before do_bench flushes it
+BYTES_H = (512, 1024, 2048, 3000, 4096, 5125, 8192, 16384, 16385, 32768, 65536)
+TOKENS_H, TOKENS_M = 4096, (256, 1024, 4096, 16384, 65536)
+CPU_M, CPU_H = 256, (512, 1024, 2048, 4096)
+QUICK_X = {
+    "seed": (1024, 4096, 32768),
+    "bytes": (512, 4096, 5125, 65536),
+    "tokens": (1024, 16384),
+    "cpu": (512, 1024, 4096),
+}
+GPU_SWEEPS = ("seed", "bytes", "tokens")
+# Timing budgets in ms: do_bench's warmup and rep on a GPU; on the CPU, rep is the
+# min_run_time of torch.utils.benchmark.Timer.blocked_autorange.
+TIMING = {  # (quick, device type) -> (warmup_ms, rep_ms)
+    (False, "cuda"): (25, 100),
+    (True, "cuda"): (10, 25),
+    (False, "cpu"): (0, 200),
+    (True, "cpu"): (0, 50),
+}
+
+CUDA_CAVEAT = (
+    "- caveat: a call of a few µs (the seed shapes, tokens M <= 4096) also measures the CPU cost of autograd and "
+    "launches wherever it exceeds the ~0.1 ms head start that do_bench's L2 flush gives the CPU (a backward through "
+    "autograd costs about 0.15 ms of CPU on an H200 host); `bench/quick_ratios.py --ops` times the kernels alone"
+)
+
+ForwardFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass
+class BenchmarkData:
+    """One benchmark record, in Liger-Kernel's schema (``benchmark/scripts/utils.py``).
+
+    One record per (kernel_name, kernel_provider, metric_name, kernel_operation_mode,
+    sweep); a value that could not be measured is None (null in the JSON).
+    """
+
+    kernel_name: str
+    kernel_provider: str
+    metric_name: str
+    metric_unit: str
+    gpu_name: str
+    x_name: str
+    x_label: str
+    x_values: list[int]
+    y_values_50: list[float | None]
+    y_values_20: list[float | None]
+    y_values_80: list[float | None]
+    timestamp: str
+    kernel_operation_mode: str | None = None
+    extra_benchmark_config_str: str | None = None
+    liger_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One x axis: the (M, H) shapes it visits, in x order, and what stays fixed along it."""
+
+    name: str
+    x_name: str  # "H" or "M"
+    x_label: str
+    shapes: tuple[tuple[int, int], ...]  # (M, H) of each point
+    fixed: dict = field(default_factory=dict)  # goes into extra_benchmark_config_str
+
+    @property
+    def x_values(self) -> list[int]:
+        return [H if self.x_name == "H" else M for M, H in self.shapes]
+
+    def config_str(self, dtype: torch.dtype, eps: float) -> str:
+        """extra_benchmark_config_str: the sweep's name, its fixed M or H, the dtypes and eps."""
+        config = {"sweep": self.name, **self.fixed, "dtype": dtype_name(dtype), "param_dtype": "float32", "eps": eps}
+        return json.dumps(config)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def make_sweep(name: str, quick: bool) -> Sweep:
+    """The named sweep; --quick keeps the x values in ``QUICK_X``."""
+
+    def keep(xs):
+        return tuple(x for x in xs if x in QUICK_X[name]) if quick else xs
+
+    if name == "seed":
+        return Sweep(
+            name, "H", f"hidden size H (M = {SEED_M})", tuple((SEED_M, H) for H in keep(SEED_H)), {"M": SEED_M}
+        )
+    if name == "bytes":
+        shapes = tuple((BYTES_MH // H, H) for H in keep(BYTES_H))
+        # M varies along this sweep: the config lists it, point by point, beside M*H.
+        return Sweep(name, "H", "hidden size H (M = 2^26 // H)", shapes, {"M*H": BYTES_MH, "M": [M for M, _ in shapes]})
+    if name == "tokens":
+        shapes = tuple((M, TOKENS_H) for M in keep(TOKENS_M))
+        return Sweep(name, "M", f"rows M (H = {TOKENS_H})", shapes, {"H": TOKENS_H})
+    if name == "cpu":
+        return Sweep(name, "H", f"hidden size H (M = {CPU_M})", tuple((CPU_M, H) for H in keep(CPU_H)), {"M": CPU_M})
+    raise ValueError(f"bench: unknown sweep {name!r}")
+
+
+def make_inputs(M: int, H: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+    """Fresh random inputs for one shape: never zeros.
+
+    Returns:
+        x ``(M, H)`` randn in dtype; weight ``(3,)`` fp32 near ``[0.3, -0.4, 0.9]``; bias ``()``
+        fp32 near 0; grad_y ``(M, H)`` randn in dtype. x, weight and bias require grad.
+    """
+    torch.manual_seed(seed)
+    weight = torch.tensor([0.3, -0.4, 0.9]) + 0.05 * torch.randn(3)
+    bias = 0.1 * torch.randn(())  # 0-d: Liger returns a 0-d grad_bias, which autograd rejects for a (1,) bias
+    x = torch.randn(M, H, dtype=dtype, device=device, requires_grad=True)
+    grad_y = torch.randn(M, H, dtype=dtype, device=device)
+    return x, weight.to(device).requires_grad_(), bias.to(device).requires_grad_(), grad_y
+
+
+def provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
+    """A function that makes provider name's ``forward(x, weight, bias) -> y``, anew for each shape.
+
+    Raises:
+        ImportError: the provider's package is not installed (liger).
+    """
+    if name in ("polynorm_cuda", "polynorm_triton", "polynorm_cpu"):
+        backend = {"polynorm_cuda": "cuda", "polynorm_triton": "triton", "polynorm_cpu": "auto"}[name]
+        return lambda: functools.partial(polynorm.poly_norm, eps=eps, backend=backend)
+    if name == "eager":
+        return lambda: functools.partial(reference.poly_norm, eps=eps)
+    if name == "torch_compile":
+
+        def compiled() -> ForwardFn:
+            # A fresh, shape-specialised graph per shape; the reset keeps a long sweep
+            # clear of dynamo's recompile limit, past which it would fall back to eager.
+            torch.compiler.reset()
+            # Timing a backward again and again needs retain_graph=True, which a compiled
+            # backward refuses while it donates its saved buffers to its outputs.
+            torch._functorch.config.donated_buffer = False
+            return torch.compile(functools.partial(reference.poly_norm, eps=eps), fullgraph=True, dynamic=False)
+
+        return compiled
+    if name == "liger":
+        from liger_kernel.ops.poly_norm import LigerPolyNormFunction
+
+        # in_place=False: in place, Liger writes dx over grad_y, the buffer that every timed
+        # backward reuses; the anchors time it out of place too.
+        return lambda: lambda x, weight, bias: LigerPolyNormFunction.apply(x, weight, bias, eps, False)
+    raise ValueError(f"bench: unknown provider {name!r}")
+
+
+def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device, eps: float) -> str:
+    """Run one forward and backward at M=64, H=4096; return a warning if y or dx is off.
+
+    The bound is 2 eps of dtype in relative L2 error against the float64 reference: about 9x
+    what an fp32 computation rounded once to bf16 or fp16 achieves, 4x for fp32
+    (shared/MATH.md). A provider over it is still timed.
+
+    Raises:
+        Exception: whatever the provider raises (missing backend, no CUDA build, ...).
+    """
+    x, weight, bias, grad_y = make_inputs(64, 4096, dtype, device, seed=1)
+    inputs = (x, weight, bias)
+    y = forward(*inputs)
+    (grad_x,) = torch.autograd.grad(y, x, grad_y)
+    x64 = x.detach().double().requires_grad_()
+    y64 = reference.poly_norm(x64, weight.detach().double(), bias.detach().double(), eps)
+    (grad_x64,) = torch.autograd.grad(y64, x64, grad_y.double())
+    bound = 2 * torch.finfo(dtype).eps
+    warnings = []
+    for what, got, want in (("y", y, y64), ("dx", grad_x, grad_x64)):
+        err = (torch.linalg.vector_norm(got.double() - want) / torch.linalg.vector_norm(want)).item()
+        if not err <= bound:  # NaN fails too
+            warnings.append(f"{what} {err:.2e}")
+    if warnings:
+        return f"relative L2 error against float64 over {bound:.1e}: {', '.join(warnings)}; timing it anyway"
+    return ""
+
+
+def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tensor, grad_y: Tensor):
+    """The callable timed for a mode: forward, backward of a retained graph, or both.
+
+    torch.autograd.grad returns dx, dw and db instead of accumulating them into ``.grad``,
+    so no timed call adds to another's gradients.
+    """
+    inputs = (x, weight, bias)
+    if mode == "forward":
+        return lambda: forward(*inputs)
+    if mode == "backward":
+        y = forward(*inputs)
+        return lambda: torch.autograd.grad(y, inputs, grad_y, retain_graph=True)
+    if mode == "full":
+        return lambda: torch.autograd.grad(forward(*inputs), inputs, grad_y)
+    raise ValueError(f"bench: unknown mode {mode!r}")
+
+
+def floor_fns(x: Tensor, grad_y: Tensor) -> dict[str, Callable[[], Tensor]]:
+    """The floors at x's size: the same bytes as the kernels, on detached tensors so that
+    no autograd bookkeeping is timed.
+
+    Returns:
+        ``{"floor_copy": read x, write y; "floor_add": read x and grad_y, write a third}``.
+    """
+    x, grad_y = x.detach(), grad_y.detach()
+    out = torch.empty_like(x)
+    return {FLOOR_COPY: lambda: out.copy_(x), FLOOR_ADD: lambda: torch.add(x, grad_y, out=out)}
+
+
+def time_ms(
+    fn: Callable[[], object], device: torch.device, warmup_ms: float, rep_ms: float
+) -> tuple[float, float, float]:
+    """(median, 20th percentile, 80th percentile) of fn's time, in ms."""
+    if device.type == "cuda":
+        return tuple(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=QUANTILES))
+    fn()  # first-call costs (allocations, lazy init) stay out of the timing
+    measurement = torch_benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=rep_ms / 1e3)
+    times = torch.tensor(measurement.times, dtype=torch.float64)
+    return tuple((1e3 * times.quantile(torch.tensor(QUANTILES, dtype=torch.float64))).tolist())
+
+
+def peak_memory_mib(full: Callable[[], object]) -> tuple[float, float, float]:
+    """Peak memory over one full pass beyond what was allocated before it, in MiB.
+
+    The pass runs once first, so compilation and autotuning stay out. One measurement: the
+    allocator's peak is deterministic, so the three quantiles are the same number.
+    """
+    full()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    full()
+    torch.cuda.synchronize()
+    mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+    return mib, mib, mib
+
+
+def first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+def bench_shape(M: int, H: int, providers: dict[str, Callable[[], ForwardFn]], args, device, log) -> dict:
+    """Time the floors, then each provider, at one shape.
+
+    Returns:
+        ``{(provider, metric, mode): (p50, p20, p80)}``; a measurement that raised is absent
+        (and logged), so one provider failing at one shape ends neither the shape nor the run.
+    """
+    x, weight, bias, grad_y = make_inputs(M, H, DTYPES[args.dtype], device)
+    results = {}
+
+    def measure(what: str, fn: Callable, *fn_args):
+        try:
+            return fn(*fn_args)
+        except Exception as error:  # OOM, an H that a provider does not support, a compile failure
+            log(f"  {what} failed at M={M} H={H}: {first_line(error)}")
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
+    def time_mode(mode: str, forward: ForwardFn):
+        # mode_fn runs inside measure, so a backward's retained graph lives only while it is timed.
+        return time_ms(mode_fn(mode, forward, x, weight, bias, grad_y), device, args.warmup, args.rep)
+
+    def memory(forward: ForwardFn):
+        return peak_memory_mib(mode_fn("full", forward, x, weight, bias, grad_y))
+
+    for name, fn in floor_fns(x, grad_y).items():
+        timing = measure(name, time_ms, fn, device, args.warmup, args.rep)
+        if timing:  # one floor bounds every mode's record
+            results.update({(name, "speed", mode): timing for mode in args.modes})
+
+    for name, make_forward in providers.items():
+        forward = measure(f"{name} setup", make_forward)
+        if forward is None:
+            continue
+        if device.type == "cuda" and not args.no_memory:
+            peak = measure(f"{name} memory", memory, forward)
+            if peak:
+                results[(name, "memory", "full")] = peak
+        for mode in args.modes:
+            timing = measure(f"{name} {mode}", time_mode, mode, forward)
+            if timing:
+                results[(name, "speed", mode)] = timing
+    return results
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def liger_version() -> str | None:
+    try:
+        return importlib.metadata.version("liger-kernel")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def make_records(
+    sweep: Sweep, results: list[dict], gpu_name: str, dtype: torch.dtype, eps: float
+) -> list[BenchmarkData]:
+    """One record per (provider, metric, mode) measured anywhere along the sweep."""
+    timestamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
+    keys = list(dict.fromkeys(key for point in results for key in point))
+    records = []
+    for provider, metric, mode in keys:
+        values = [point.get((provider, metric, mode)) for point in results]
+        records.append(
+            BenchmarkData(
+                kernel_name=KERNEL_NAME,
+                kernel_provider=provider,
+                metric_name=metric,
+                metric_unit="ms" if metric == "speed" else "MB",
+                gpu_name=gpu_name,
+                x_name=sweep.x_name,
+                x_label=sweep.x_label,
+                x_values=sweep.x_values,
+                y_values_50=[v[0] if v else None for v in values],
+                y_values_20=[v[1] if v else None for v in values],
+                y_values_80=[v[2] if v else None for v in values],
+                timestamp=timestamp,
+                kernel_operation_mode=mode,
+                extra_benchmark_config_str=sweep.config_str(dtype, eps),
+                liger_version=liger_version(),
+            )
+        )
+    return records
+
+
+def group_records(records: list[dict]) -> dict:
+    """``{(config_str, x_name, x_label, x_values): {(metric, mode): {provider: record}}}``, in run order.
+
+    Records pair up by the fields a floor shares with the providers it bounds:
+    extra_benchmark_config_str (the sweep), x_name and x_values, and the mode.
+    """
+    groups: dict = {}
+    for record in records:
+        key = (record["extra_benchmark_config_str"], record["x_name"], record["x_label"], tuple(record["x_values"]))
+        by_mode = groups.setdefault(key, {})
+        by_mode.setdefault((record["metric_name"], record["kernel_operation_mode"]), {})[record["kernel_provider"]] = (
+            record
+        )
+    return groups
+
+
+def floor_values(mode: str, floors: dict) -> list[float | None]:
+    """The floor of a mode at each x: copy (forward), add (backward), or their sum (full)."""
+    names = {"forward": (FLOOR_COPY,), "backward": (FLOOR_ADD,), "full": (FLOOR_COPY, FLOOR_ADD)}[mode]
+    if not all(name in floors for name in names):
+        return []
+    columns = zip(*(floors[name]["y_values_50"] for name in names), strict=True)
+    return [None if None in column else sum(column) for column in columns]
+
+
+def shape_at(config: dict, x_name: str, x: int, i: int) -> tuple[int, int]:
+    """(M, H) of the i-th point of a sweep, from its config and x value."""
+    if x_name == "M":
+        return x, config["H"]
+    M = config["M"]
+    return (M[i] if isinstance(M, list) else M), x
+
+
+def gb_per_s(gigabytes: float, ms: float | None) -> str:
+    if not ms:
+        return "—"
+    rate = gigabytes / ms * 1e3
+    return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
+
+
+def summarize(records: list[dict], header: list[str]) -> str:
+    """summary.md: per sweep, each shape and mode's floor and every provider's ratio to it."""
+    lines = ["# polynorm benchmark", "", *header, ""]
+    memory_rows = []
+    for (config_str, x_name, _, x_values), by_mode in group_records(records).items():
+        config = json.loads(config_str)
+        itemsize = getattr(torch, config["dtype"]).itemsize
+        speed_modes = [mode for mode in MODES if ("speed", mode) in by_mode]
+        providers = [p for p in PROVIDERS if any(p in by_mode[("speed", mode)] for mode in speed_modes)]
+        main = next((p for p in MAIN_PROVIDERS if p in providers), None)
+        fixed = ", ".join(f"{k}={v}" for k, v in config.items() if k in ("M", "H", "M*H") and not isinstance(v, list))
+        lines += [f"## sweep `{config['sweep']}` ({fixed}, {config['dtype']}, x = {x_name})", ""]
+        head = ["M", "H", "mode", "floor ms", "floor GB/s"] + [f"{p} × (ms)" for p in providers]
+        head += [f"{main} GB/s"] if main else []
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        floors_by_mode = {mode: floor_values(mode, by_mode[("speed", mode)]) for mode in speed_modes}
+        for i, x in enumerate(x_values):
+            M, H = shape_at(config, x_name, x, i)
+            for mode in speed_modes:
+                floor = floors_by_mode[mode][i] if floors_by_mode[mode] else None
+                gigabytes = FLOOR_PASSES[mode] * M * H * itemsize / 1e9
+                row = [str(M), str(H), mode, f"{floor:.4f}" if floor else "—", gb_per_s(gigabytes, floor)]
+                for provider in providers:
+                    record = by_mode[("speed", mode)].get(provider)
+                    ms = record["y_values_50"][i] if record else None
+                    if ms is None:
+                        row.append("—")
+                    else:
+                        row.append(f"{ms / floor:.2f} ({ms:.4f})" if floor else f"— ({ms:.4f})")
+                if main:
+                    record = by_mode[("speed", mode)].get(main)
+                    ms = record["y_values_50"][i] if record else None
+                    row.append(gb_per_s(gigabytes, ms))
+                lines.append("| " + " | ".join(row) + " |")
+        lines.append("")
+        if ("memory", "full") in by_mode:
+            memory = by_mode[("memory", "full")]
+            for i, x in enumerate(x_values):
+                M, H = shape_at(config, x_name, x, i)
+                memory_rows.append((config["sweep"], M, H, M * H * itemsize / 2**20, memory, i))
+    if memory_rows:
+        providers = [p for p in PROVIDERS if any(p in row[4] for row in memory_rows)]
+        lines += ["## Peak extra memory of one full pass (forward + backward), MiB", ""]
+        head = ["sweep", "M", "H", "one tensor"] + providers
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for sweep, M, H, one_tensor, memory, i in memory_rows:
+            cells = []
+            for provider in providers:
+                value = memory[provider]["y_values_50"][i] if provider in memory else None
+                cells.append("—" if value is None else f"{value:.0f}")
+            lines.append("| " + " | ".join([sweep, str(M), str(H), f"{one_tensor:.0f}", *cells]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
+    """Time vs x per sweep and mode, ratio to the floor per sweep, and memory: PNGs in out_dir."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("bench: matplotlib is not installed, so no plots")
+        return []
+
+    def nan(values):
+        return [float("nan") if v is None else v for v in values]
+
+    def style(ax, x_label, x_values, y_label):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(x_values, [str(x) for x in x_values], rotation=45, fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel(x_label)
+        ax.set_ylabel(y_label)
+        ax.grid(True, which="major", alpha=0.3)
+
+    paths = []
+    memory_panels = []
+    for (config_str, _, x_label, x_values), by_mode in group_records(records).items():
+        config = json.loads(config_str)
+        sweep = config["sweep"]
+        x_values = list(x_values)
+        speed_modes = [mode for mode in MODES if ("speed", mode) in by_mode]
+        for mode in speed_modes:
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            records_by_provider = by_mode[("speed", mode)]
+            floor = floor_values(mode, records_by_provider)
+            if floor:
+                ax.plot(x_values, nan(floor), "k--", label=f"floor ({FLOOR_LABELS[mode]})")
+            for provider, record in records_by_provider.items():
+                if provider in FLOORS:
+                    continue
+                (line,) = ax.plot(x_values, nan(record["y_values_50"]), "-o", ms=3, label=provider)
+                ax.fill_between(
+                    x_values, nan(record["y_values_20"]), nan(record["y_values_80"]), color=line.get_color(), alpha=0.2
+                )
+            style(ax, x_label, x_values, "ms (median; band: 20th-80th percentile)")
+            ax.set_title(f"polynorm {mode}, sweep {sweep}, {config['dtype']}")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            paths.append(out_dir / f"speed_{sweep}_{mode}.png")
+            fig.savefig(paths[-1], dpi=120)
+            plt.close(fig)
+
+        fig, axes = plt.subplots(1, len(speed_modes), figsize=(5 * len(speed_modes), 4.5), squeeze=False)
+        for ax, mode in zip(axes[0], speed_modes, strict=True):
+            floor = nan(floor_values(mode, by_mode[("speed", mode)])) or [float("nan")] * len(x_values)
+            for provider, record in by_mode[("speed", mode)].items():
+                if provider not in FLOORS:
+                    ax.plot(
+                        x_values,
+                        [t / f for t, f in zip(nan(record["y_values_50"]), floor, strict=True)],
+                        "-o",
+                        ms=3,
+                        label=provider,
+                    )
+            ax.axhline(1.0, color="0.5", ls="--", lw=1)
+            style(ax, x_label, x_values, "time / floor")
+            ax.set_title(f"{mode} (floor: {FLOOR_LABELS[mode]})")
+            ax.legend(fontsize=7)
+        fig.suptitle(f"polynorm ratio to the same-run floor, sweep {sweep}, {config['dtype']}")
+        fig.tight_layout()
+        paths.append(out_dir / f"ratio_{sweep}.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+        if ("memory", "full") in by_mode:
+            memory_panels.append((sweep, x_label, x_values, by_mode[("memory", "full")]))
+
+    if memory_panels:
+        fig, axes = plt.subplots(1, len(memory_panels), figsize=(5 * len(memory_panels), 4.5), squeeze=False)
+        for ax, (sweep, x_label, x_values, memory) in zip(axes[0], memory_panels, strict=True):
+            for provider, record in memory.items():
+                ax.plot(x_values, nan(record["y_values_50"]), "-o", ms=3, label=provider)
+            style(ax, x_label, x_values, "MiB")
+            ax.set_title(f"sweep {sweep}")
+            ax.legend(fontsize=7)
+        fig.suptitle("polynorm peak extra memory of one full pass")
+        fig.tight_layout()
+        paths.append(out_dir / "memory.png")
+        fig.savefig(paths[-1], dpi=120)
+        plt.close(fig)
+    return paths
+
+
+def header_lines(args, device: torch.device, gpu_name: str) -> list[str]:
+    """The run's provenance for summary.md: command, device, versions, date, method."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0) / 2**20
+        specs = f"{props.multi_processor_count} SMs, {l2:.0f} MiB L2, {props.total_memory / 2**30:.0f} GiB"
+        device_line = f"{gpu_name} (sm_{props.major}{props.minor}, {specs})"
+        timing = (
+            f"`triton.testing.do_bench` (warmup {args.warmup} ms, rep {args.rep} ms, L2 flushed before each "
+            "timed call); median ms, with the 20th and 80th percentiles in the JSON"
+        )
+    else:
+        device_line = gpu_name
+        timing = (
+            f"`torch.utils.benchmark.Timer.blocked_autorange` (min_run_time {args.rep} ms); median ms, with "
+            "the 20th and 80th percentiles in the JSON; no memory metric without CUDA"
+        )
+    versions = [
+        f"torch {torch.__version__}",
+        f"triton {triton.__version__ if triton else 'not installed'}",
+        f"polynorm {polynorm.__version__}",
+        f"liger-kernel {liger_version() or 'not installed'}",
+        f"Python {platform.python_version()}",
+    ]
+    return [
+        f"- command: `{shlex.join([Path(sys.orig_argv[0]).name, *sys.orig_argv[1:]])}`",
+        f"- device: {device_line}",
+        f"- software: {', '.join(versions)}",
+        f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
+        (
+            f"- inputs: x and grad_y randn {args.dtype}; weight fp32 near [0.3, -0.4, 0.9], bias fp32 near 0; "
+            f"eps {args.eps}"
+        ),
+        f"- timing: {timing}",
+        (
+            "- floors, same run, same bytes: forward = copy (read x, write y); backward = `torch.add(a, b, out=c)` "
+            "(read 2, write 1); full = their sum. A cell is time / floor, with ms in brackets; GB/s = the floor's "
+            "bytes / time"
+        ),
+        (
+            "- modes: forward with autograd recording; backward = `torch.autograd.grad` of a retained graph "
+            "(dx, dw, db); full = both"
+        ),
+    ] + ([CUDA_CAVEAT] if device.type == "cuda" else [])
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Method: see the module docstring.")
+    parser.add_argument(
+        "--sweep",
+        nargs="+",
+        choices=(*GPU_SWEEPS, "cpu", "all"),
+        default=["all"],
+        help="sweeps to run (default all: seed, bytes and tokens on a GPU; cpu without CUDA)",
+    )
+    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    parser.add_argument(
+        "--providers",
+        nargs="+",
+        choices=PROVIDERS,
+        help=f"providers to time (default on a GPU: {' '.join(GPU_PROVIDERS)}; "
+        f"without CUDA: {' '.join(CPU_PROVIDERS)}); floors are always timed",
+    )
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to time (default all)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer shapes and shorter timing: under 2 minutes on an H200"
+    )
+    parser.add_argument("--warmup", type=float, help="do_bench warmup, ms (default 25, or 10 with --quick)")
+    parser.add_argument(
+        "--rep",
+        type=float,
+        help="do_bench rep, ms; without CUDA, Timer's min_run_time (default 100/200, --quick 25/50)",
+    )
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory metric")
+    parser.add_argument("--eps", type=float, default=1e-6)
+    parser.add_argument("--out", type=Path, help="output directory (default bench/results/<device>-<date>/)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda" and triton is None:
+        sys.exit("bench: timing on a GPU needs triton (triton.testing.do_bench); pip install triton")
+    warmup, rep = TIMING[(args.quick, device.type)]
+    args.warmup = warmup if args.warmup is None else args.warmup
+    args.rep = rep if args.rep is None else args.rep
+    dtype = DTYPES[args.dtype]
+    gpu_name = device_name(device)
+    log = tqdm.write if tqdm else print
+
+    names = args.sweep
+    if "all" in names:
+        names = list(GPU_SWEEPS) if device.type == "cuda" else ["cpu"]
+    sweeps = [make_sweep(name, args.quick) for name in dict.fromkeys(names)]
+    if device.type == "cpu" and any(s.name in GPU_SWEEPS for s in sweeps):
+        log("bench: no CUDA device; the GPU sweeps' sizes will be slow on the CPU (the default there is --sweep cpu)")
+
+    providers = {}
+    for name in args.providers or (GPU_PROVIDERS if device.type == "cuda" else CPU_PROVIDERS):
+        try:
+            factory = provider_factory(name, args.eps)
+            warning = check_provider(factory(), dtype, device, args.eps)
+        except Exception as error:
+            log(f"bench: skipping {name}: {first_line(error)}")
+            continue
+        if warning:
+            log(f"bench: warning: {name}: {warning}")
+        providers[name] = factory
+    if not providers:
+        log("bench: no provider could run; timing the floors only")
+
+    slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.split(" (")[0].lower()).strip("-")
+    out_dir = args.out or Path(__file__).resolve().parent / "results" / f"{slug}-{datetime.date.today().isoformat()}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log(
+        f"bench: {gpu_name}, {args.dtype}, providers {', '.join(providers) or 'none'}, "
+        f"sweeps {', '.join(s.name for s in sweeps)}, modes {', '.join(args.modes)} -> {out_dir}"
+    )
+
+    points = [(sweep, M, H) for sweep in sweeps for M, H in sweep.shapes]
+    bar = tqdm(total=len(points), unit="shape", dynamic_ncols=True) if tqdm else None
+    records, results = [], {sweep.name: [] for sweep in sweeps}
+    for i, (sweep, M, H) in enumerate(points, 1):
+        if bar:
+            bar.set_description(f"{sweep.name} M={M} H={H}")
+        else:
+            print(f"[{i}/{len(points)}] sweep {sweep.name}: M={M} H={H}", flush=True)
+        results[sweep.name].append(bench_shape(M, H, providers, args, device, log))
+        if bar:
+            bar.update()
+        if len(results[sweep.name]) == len(sweep.shapes):
+            records += [asdict(r) for r in make_records(sweep, results[sweep.name], gpu_name, dtype, args.eps)]
+    if bar:
+        bar.close()
+
+    json_path = out_dir / "polynorm_bench.json"
+    json_path.write_text(json.dumps(records, indent=1) + "\n")
+    pngs = plot(records, out_dir, log)
+    summary = summarize(records, header_lines(args, device, gpu_name))
+    (out_dir / "summary.md").write_text(summary)
+    print(summary)
+    print(f"bench: wrote {json_path.name}, summary.md and {len(pngs)} PNGs to {out_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,654 @@
+"""Triton kernels for PolyNorm: ``torch.ops.polynorm.forward_triton`` and ``backward_triton``.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of
+Large Language Models", arXiv:2411.03884), per row x of length H::
+
+    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3
+    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)
+
+Closed-form backward (``shared/MATH.md``), with S_p = sum_j g_j x_j^p and G = sum_j g_j::
+
+    c_p = w(p) p r_p,   d_p = c_p r_p^2 S_p / H             w(3) = w0, w(2) = w1, w(1) = w2
+    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+    dw0 = sum_rows r_3 S_3,  dw1 = sum_rows r_2 S_2,  dw2 = sum_rows r_1 S_1,  db = sum_rows G
+
+Layout of the work
+- A row that fits one block (see ``_launch_config``) is loaded once, reduced, and its
+  output computed from the registers: x is read from device memory once (x and grad_y
+  in backward). Rows of small H share a program as a [BLOCK_M, BLOCK_H] tile.
+- A longer row is walked twice in column blocks of BLOCK_H: a statistics pass, then an
+  output pass that mostly hits L2. H has no cap.
+- Everything accumulates in fp32 (fp64 for fp64 inputs): the rstd cache's dtype.
+- BLOCK_M, BLOCK_H and num_warps depend on H and the dtype only, never on M, so a row's
+  y and dx are bitwise the same whatever batch the row arrives in.
+- dw and db: each backward program writes its rows' sums to a [programs, 4] partials
+  buffer; a second one-program kernel adds them in a fixed order. No atomics, so the
+  bits are the same on every run.
+
+With ``TRITON_INTERPRET=1`` set before this module is imported, the same kernels run on
+CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests them.
+"""
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
+from torch.library import triton_op, wrap_triton
+
+__all__ = ["poly_norm_forward_triton", "poly_norm_backward_triton"]
+
+_SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _to_acc(v, ACC: tl.constexpr):
+    # fp16/bf16 widen to fp32 exactly first: some targets lack direct fp16/bf16 -> fp64.
+    if v.dtype.is_fp16() or v.dtype.is_bf16():
+        v = v.to(tl.float32)
+    return v.to(ACC)
+
+
+@triton.jit
+def _div_rn(a, b):
+    # IEEE-rounded a / b. Plain fp32 `/` and tl.sqrt compile to approximate forms;
+    # div_rn and sqrt_rn take fp32 only, and fp64 `/` and tl.sqrt are exact already.
+    if a.dtype.is_fp64():
+        q = a / b
+    else:
+        q = tl.div_rn(a, b)
+    return q
+
+
+@triton.jit
+def _sqrt_rn(a):
+    if a.dtype.is_fp64():
+        r = tl.sqrt(a)
+    else:
+        r = tl.sqrt_rn(a)
+    return r
+
+
+# Triton's interpreter (3.x) converts fp32 to bf16 by truncation (and its round-to-nearest
+# option can carry into the exponent). Under the interpreter only, bf16 outputs are rounded
+# by hand (to nearest even, as the GPU's conversion does), so CPU runs see the GPU's bits.
+_BF16_BY_HAND = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+
+@triton.jit
+def _to_out(v, OUT: tl.constexpr):
+    # v (fp32 or fp64) rounded once to the output dtype OUT.
+    if OUT == tl.bfloat16:
+        v = v.to(tl.float32)
+        if _BF16_BY_HAND:
+            u = v.to(tl.uint32, bitcast=True)
+            u = u + 0x7FFF + ((u >> 16) & 1)
+            out = (u >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+        else:
+            out = v.to(tl.bfloat16)
+    else:
+        out = v.to(OUT)
+    return out
+
+
+# M is never specialised (Triton would compile M == 1 as a constant): the code, and so
+# a row's bits, must not depend on the batch size.
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_fwd_kernel(
+    x_ptr,  # [M, H], unit column stride, rows x_row_stride elements apart
+    x_row_stride,
+    y_ptr,  # [M, H] contiguous, x's dtype
+    rstd_ptr,  # [M, 3] fp32 (fp64 for fp64 x): rstd of x^3, x^2, x
+    w_ptr,  # (3,) any float dtype, elements w_stride apart: [w0, w1, w2]
+    w_stride,
+    b_ptr,  # (1,) any float dtype
+    M,
+    H,
+    eps: tl.float64,  # fp64 so that fp64 inputs see eps unrounded
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_H: tl.constexpr,  # columns per block: the whole row when ONE_BLOCK
+    ONE_BLOCK: tl.constexpr,  # the row fits one block: x is read once
+):
+    ACC = rstd_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
+    row_mask = rows < M
+    x_rows = x_ptr + rows * x_row_stride  # per-row base pointers, 64-bit offsets
+    y_rows = y_ptr + rows * H
+    cols = tl.arange(0, BLOCK_H)
+
+    # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
+    if ONE_BLOCK:
+        mask = row_mask[:, None] & (cols < H)[None, :]
+        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        x2 = x * x
+        x4 = x2 * x2
+        s1 = tl.sum(x2, axis=1)
+        s2 = tl.sum(x4, axis=1)
+        s3 = tl.sum(x4 * x2, axis=1)
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = row_mask[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc2 = xc * xc
+            xc4 = xc2 * xc2
+            a1 += xc2
+            a2 += xc4
+            a3 += xc4 * xc2
+        s1 = tl.sum(a1, axis=1)
+        s2 = tl.sum(a2, axis=1)
+        s3 = tl.sum(a3, axis=1)
+
+    # rstd once per row, IEEE-rounded.
+    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    e = tl.full([], eps, ACC)
+    one = tl.full([BLOCK_M], 1.0, ACC)
+    r1 = _div_rn(one, _sqrt_rn(s1 * inv_h + e))
+    r2 = _div_rn(one, _sqrt_rn(s2 * inv_h + e))
+    r3 = _div_rn(one, _sqrt_rn(s3 * inv_h + e))
+    rstd_rows = rstd_ptr + rows * 3
+    tl.store(rstd_rows + 0, r3, mask=row_mask)
+    tl.store(rstd_rows + 1, r2, mask=row_mask)
+    tl.store(rstd_rows + 2, r1, mask=row_mask)
+
+    # Parameters are read here, in their own dtype: no host synchronisation.
+    k3 = (_to_acc(tl.load(w_ptr), ACC) * r3)[:, None]
+    k2 = (_to_acc(tl.load(w_ptr + w_stride), ACC) * r2)[:, None]
+    k1 = (_to_acc(tl.load(w_ptr + 2 * w_stride), ACC) * r1)[:, None]
+    b = _to_acc(tl.load(b_ptr), ACC)
+
+    # Output, Horner form: 3 FMAs per element.
+    if ONE_BLOCK:
+        y = tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b)
+        tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
+    else:
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = row_mask[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            y = tl.fma(xc, tl.fma(xc, tl.fma(xc, k3, k2), k1), b)
+            tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h):
+    # c_p = w(p) p r_p and d_p = c_p r_p^2 S_p / H, as [BLOCK_M, 1] columns.
+    c1 = w2 * r1
+    c2 = 2.0 * w1 * r2
+    c3 = 3.0 * w0 * r3
+    d1 = c1 * r1 * r1 * s1 * inv_h
+    d2 = c2 * r2 * r2 * s2 * inv_h
+    d3 = c3 * r3 * r3 * s3 * inv_h
+    return c1[:, None], c2[:, None], c3[:, None], d1[:, None], d2[:, None], d3[:, None]
+
+
+@triton.jit
+def _bwd_dx(x, g, c1, c2, c3, d1, d2, d3):
+    # dx = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+    x2 = x * x
+    return g * tl.fma(x, tl.fma(x, c3, c2), c1) - x * tl.fma(x2, tl.fma(x2, d3, d2), d1)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_bwd_kernel(
+    g_ptr,  # [M, H] grad_y, unit column stride, rows g_row_stride apart (0 for an expand)
+    g_row_stride,
+    x_ptr,  # [M, H], unit column stride, rows x_row_stride apart
+    x_row_stride,
+    rstd_ptr,  # [M, 3] contiguous fp32 (fp64 for fp64 x): rstd of x^3, x^2, x
+    w_ptr,  # (3,) any float dtype, elements w_stride apart: [w0, w1, w2]
+    w_stride,
+    dx_ptr,  # [M, H] contiguous, x's dtype
+    partials_ptr,  # [num_programs, 4] rstd's dtype: this program's [dw0, dw1, dw2, db]
+    M,
+    H,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):
+    ACC = partials_ptr.dtype.element_ty
+    pid = tl.program_id(0)
+    num_programs = tl.num_programs(0)
+    num_tiles = tl.cdiv(M, BLOCK_M)
+    w0 = _to_acc(tl.load(w_ptr), ACC)
+    w1 = _to_acc(tl.load(w_ptr + w_stride), ACC)
+    w2 = _to_acc(tl.load(w_ptr + 2 * w_stride), ACC)
+    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    cols = tl.arange(0, BLOCK_H)
+    # This program's share of [dw0, dw1, dw2, db], one slot per tile row, summed at the end.
+    p_w0 = tl.zeros([BLOCK_M], ACC)
+    p_w1 = tl.zeros([BLOCK_M], ACC)
+    p_w2 = tl.zeros([BLOCK_M], ACC)
+    p_b = tl.zeros([BLOCK_M], ACC)
+
+    # Persistent: program p takes tiles p, p + P, p + 2P, ... (a fixed assignment for a
+    # fixed M, so the partials, and their sum, are the same on every run).
+    for tile in range(pid, num_tiles, num_programs):
+        rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
+        row_mask = rows < M
+        g_rows = g_ptr + rows * g_row_stride  # per-row base pointers, 64-bit offsets
+        x_rows = x_ptr + rows * x_row_stride
+        dx_rows = dx_ptr + rows * H
+
+        # S_1, S_2, S_3 and G per row, in one pass.
+        if ONE_BLOCK:
+            mask = row_mask[:, None] & (cols < H)[None, :]
+            x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+            g = _to_acc(tl.load(g_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+            gx = g * x
+            gx2 = gx * x
+            s1 = tl.sum(gx, axis=1)
+            s2 = tl.sum(gx2, axis=1)
+            s3 = tl.sum(gx2 * x, axis=1)
+            sg = tl.sum(g, axis=1)
+        else:
+            a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+            a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+            a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+            ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+            for c0 in range(0, H, BLOCK_H):
+                c = c0 + cols
+                mask = row_mask[:, None] & (c < H)[None, :]
+                xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                gxc = gc * xc
+                gxc2 = gxc * xc
+                a1 += gxc
+                a2 += gxc2
+                a3 += gxc2 * xc
+                ag += gc
+            s1 = tl.sum(a1, axis=1)
+            s2 = tl.sum(a2, axis=1)
+            s3 = tl.sum(a3, axis=1)
+            sg = tl.sum(ag, axis=1)
+
+        rstd_rows = rstd_ptr + rows * 3
+        r3 = tl.load(rstd_rows + 0, mask=row_mask, other=0.0)
+        r2 = tl.load(rstd_rows + 1, mask=row_mask, other=0.0)
+        r1 = tl.load(rstd_rows + 2, mask=row_mask, other=0.0)
+        p_w0 += r3 * s3  # rows past M have r = 0 and S = 0
+        p_w1 += r2 * s2
+        p_w2 += r1 * s1
+        p_b += sg
+
+        c1, c2, c3, d1, d2, d3 = _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h)
+        if ONE_BLOCK:
+            dx = _bwd_dx(x, g, c1, c2, c3, d1, d2, d3)
+            tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
+        else:
+            for c0 in range(0, H, BLOCK_H):
+                c = c0 + cols
+                mask = row_mask[:, None] & (c < H)[None, :]
+                xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                dx = _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3)
+                tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
+
+    out = partials_ptr + pid.to(tl.int64) * 4
+    tl.store(out + 0, tl.sum(p_w0, axis=0))
+    tl.store(out + 1, tl.sum(p_w1, axis=0))
+    tl.store(out + 2, tl.sum(p_w2, axis=0))
+    tl.store(out + 3, tl.sum(p_b, axis=0))
+
+
+@triton.jit
+def _poly_norm_bwd_param_kernel(
+    partials_ptr,  # [P, 4] fp32 (fp64 for fp64 x)
+    P,
+    grad_w_ptr,  # (3,) weight's dtype
+    grad_b_ptr,  # (1,) weight's dtype
+    BLOCK_P: tl.constexpr,
+):
+    # One program: adds the partials in a fixed order (BLOCK_P lanes, then a fixed tree).
+    ACC = partials_ptr.dtype.element_ty
+    offs = tl.arange(0, BLOCK_P)
+    cols = tl.arange(0, 4)
+    acc = tl.zeros([BLOCK_P, 4], ACC)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + offs
+        acc += tl.load(partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0)
+    total = tl.sum(acc, axis=0)  # [4]: dw0, dw1, dw2, db
+    out_ty = grad_w_ptr.dtype.element_ty
+    if out_ty != tl.float64:
+        total = total.to(tl.float32)  # fp64 -> fp32 -> narrow, as the CUDA kernel rounds
+    tl.store(grad_w_ptr + cols, _to_out(total, out_ty), mask=cols < 3)
+    db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
+    tl.store(grad_b_ptr, _to_out(db, out_ty))
+
+
+# ----------------------------------------------------------------------------------------
+# Launch configuration: a function of H and the dtype only, never of M
+# ----------------------------------------------------------------------------------------
+
+# Every choice below depends on H and the dtype only. Sizes are in bytes of the
+# accumulation dtype (fp32, fp64 for fp64 x) per thread and per row tensor, since that is
+# what a thread holds in registers: fp16/bf16 rows widen to fp32 when loaded.
+
+# One-block rows: each of the up to _MAX_WARPS * 32 threads keeps this much of the row
+# (of x; of x and grad_y in backward) in registers between the reduction and the output.
+# Forward: 64 fp32 per thread, rows up to 32768 columns (64 KiB of bf16) are read once.
+# Past 16384 columns ptxas spills a little (about 100 bytes at the 128-register cap of a
+# 512-thread program), yet on an H200 bf16 M=2048, H=32768 ran at 1.20x the copy floor
+# this way against 1.41x for the two-pass column loop, whose second read mostly missed
+# L2. Backward holds two tensors and four sums: 16 fp32 of each per thread (8192 columns;
+# 16384 in one block measured no faster, with spills).
+_ONE_BLOCK_BYTES = {"forward": 256, "backward": 64}
+# Up to 16 warps (512 threads) per program: the cross-warp step of the reduction stays
+# short and two programs still fit one SM.
+_MAX_WARPS = 16
+# Short rows: a program takes a [BLOCK_M, BLOCK_H] tile of at least _MIN_TILE elements
+# (several rows when H < _MIN_TILE) at _ELEMS_PER_THREAD elements per thread: two or
+# four 16-byte loads per thread in flight, and no program of mostly idle lanes. (On an
+# H200, 4096-element tiles or 8 elements per thread measured no faster, often slower.)
+_MIN_TILE = 2048
+_ELEMS_PER_THREAD = 16
+# Longer rows: column blocks of _COL_WARPS * 32 threads x this many bytes each, walked
+# twice (statistics, then output). Backward keeps four running sums per element slot
+# plus x and grad_y, so its blocks are half as wide to stay clear of spills.
+_COL_BYTES = {"forward": 64, "backward": 32}
+_COL_WARPS = 16
+# Backward programs per SM of the persistent grid: enough resident warps (64 per SM at
+# most) to cover memory latency; the partials stay O(SMs). On an H200 (bf16, M*H = 2^26)
+# one program per tile ran up to 1.3x slower at H = 512..1024, and 16 warps per SM up
+# to 1.4x slower at H >= 16384.
+_BWD_WARPS_PER_SM = 64
+# Tests may lower the largest one-block row (in elements, a power of two) to reach the
+# column loop with a small H under the interpreter. None: the register budget decides.
+_MAX_ONE_BLOCK_OVERRIDE = None
+
+
+def _launch_config(H: int, dtype: torch.dtype, direction: str) -> tuple[int, int, bool, int]:
+    """(BLOCK_M, BLOCK_H, ONE_BLOCK, num_warps) for rows of H elements of ``dtype``."""
+    # int(): under torch.compile with dynamic shapes H is a SymInt; the kernels are
+    # compiled per BLOCK_H anyway, so tracing specialises on H.
+    return _launch_config_cached(int(H), dtype, direction, _MAX_ONE_BLOCK_OVERRIDE)
+
+
+@functools.lru_cache(maxsize=1024)
+def _launch_config_cached(H: int, dtype: torch.dtype, direction: str, override) -> tuple[int, int, bool, int]:
+    acc_bytes = 8 if dtype == torch.float64 else 4
+    one_block_max = _MAX_WARPS * 32 * _ONE_BLOCK_BYTES[direction] // acc_bytes
+    if override is not None:
+        one_block_max = min(one_block_max, override)
+    block_h = triton.next_power_of_2(H)
+    if block_h <= one_block_max:
+        lanes_h = max(block_h, _ELEMS_PER_THREAD)  # tiny rows: about one row per thread
+        block_m = max(1, _MIN_TILE // lanes_h)
+        num_warps = min(_MAX_WARPS, max(1, block_m * lanes_h // (32 * _ELEMS_PER_THREAD)))
+        return block_m, block_h, True, num_warps
+    col_elems = max(1, _COL_BYTES[direction] // acc_bytes)
+    block_h = min(_COL_WARPS * 32 * col_elems, one_block_max)
+    num_warps = min(_COL_WARPS, max(1, block_h // (32 * col_elems)))
+    return 1, block_h, False, num_warps
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 2  # the interpreter runs programs one after another: a few suffice
+
+
+def _bwd_num_programs(num_tiles: int, num_warps: int, device: torch.device) -> int:
+    return max(1, min(num_tiles, _sm_count(device) * max(1, _BWD_WARPS_PER_SM // num_warps)))
+
+
+# ----------------------------------------------------------------------------------------
+# Host side: argument checks, layouts, the ops
+# ----------------------------------------------------------------------------------------
+
+
+def _interpreted() -> bool:
+    return not isinstance(_poly_norm_fwd_kernel, triton.runtime.JITFunction)
+
+
+def _launchable(*tensors: Tensor) -> bool:
+    # Under fake or functional tensors (opcheck, torch.compile tracing), wrap_triton
+    # records the launch; the interpreter would instead run the kernel on them, which it
+    # cannot: there only the output shapes are produced.
+    if not _interpreted():
+        return True
+    return not any(is_fake(t) or t.device.type == "meta" for t in tensors)
+
+
+def _acc_dtype(x_dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if x_dtype == torch.float64 else torch.float32
+
+
+def _as_rows(t: Tensor) -> tuple[Tensor, int, int, int]:
+    """(tensor, M, H, row_stride): element (row, col) at ``tensor[...] + row * row_stride + col``.
+
+    The tensor itself when its last-dim stride is 1 and the leading dims collapse into
+    one row stride (any value, 0 too), else a contiguous copy: the one documented copy.
+    """
+    H = t.shape[-1]
+    M = t.numel() // H if H else 0
+    if t.is_contiguous():  # the common case, first: this runs on every call
+        return t, M, H, H
+    ok = H == 1 or t.stride(-1) == 1
+    row_stride, expected = H, -1
+    for d in range(t.dim() - 2, -1, -1):
+        if not ok:
+            break
+        if t.shape[d] == 1:
+            continue
+        if expected < 0:
+            row_stride = t.stride(d)
+        elif t.stride(d) != expected:
+            ok = False
+        expected = t.stride(d) * t.shape[d]
+    if ok and row_stride >= 0:
+        return t, M, H, row_stride
+    return t.contiguous(), M, H, H
+
+
+def _flat(t: Tensor) -> tuple[Tensor, int]:
+    if t.dim() <= 1:  # (3,), (1,) or (): no reshape on every call
+        return t, t.stride(0) if t.dim() else 0
+    flat = t.reshape(t.numel())  # a view when possible: no copy of a strided parameter
+    return flat, flat.stride(0)
+
+
+def _check_device(op: str, name: str, t: Tensor, x: Tensor) -> None:
+    if t.device != x.device:
+        raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
+
+
+def _check_x(op: str, name: str, x: Tensor) -> None:
+    if x.dtype not in _SUPPORTED:
+        raise RuntimeError(f"{op}: expected {name} to be float32, float64, float16 or bfloat16, got {x.dtype}")
+    if x.dim() < 1:
+        raise RuntimeError(f"{op}: expected {name} to have at least 1 dimension (..., H), got a 0-d tensor")
+    if x.shape[-1] < 1:
+        raise RuntimeError(f"{op}: expected {name} to have a last dimension H >= 1, got shape {tuple(x.shape)}")
+    if x.device.type != "cuda" and not _interpreted() and x.device.type != "meta" and not is_fake(x):
+        raise RuntimeError(
+            f"{op}: expected {name} on a CUDA device (CPU tensors need TRITON_INTERPRET=1 set before "
+            f"polynorm is imported), got {x.device}"
+        )
+
+
+def _check_weight(op: str, x: Tensor, weight: Tensor) -> None:
+    if weight.dtype not in _SUPPORTED:
+        raise RuntimeError(f"{op}: expected weight to be float32, float64, float16 or bfloat16, got {weight.dtype}")
+    if weight.numel() != 3:
+        raise RuntimeError(
+            f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()} (shape {tuple(weight.shape)})"
+        )
+    _check_device(op, "weight", weight, x)
+
+
+_FWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor y, Tensor rstd)"
+_BWD_SCHEMA = (
+    "(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
+)
+
+
+@triton_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
+def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """PolyNorm forward in Triton: ``torch.ops.polynorm.forward_triton(x, weight, bias, eps)``.
+
+    ``y = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b`` per row, which is
+    ``w0 norm(x^3) + w1 norm(x^2) + w2 norm(x) + b`` with ``r_p = 1 / sqrt(mean(x^(2p)) + eps)``
+    over the last dimension H. Accumulates in fp32 (fp64 for fp64 x); y is rounded once.
+
+    Args:
+        x: ``(..., H)``, float32, float64, float16 or bfloat16, on a CUDA device (or the
+            CPU under ``TRITON_INTERPRET=1``). Rows with unit last-dim stride and any
+            row stride are read in place; other layouts are copied once.
+        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes.
+        bias: ``(1,)`` or ``()``, any of those dtypes.
+        eps: added to each mean square inside the square root; finite and >= 0.
+
+    Returns:
+        y: x's shape and dtype, contiguous.
+        rstd: ``(M, 3)`` with ``M = x.numel() // H``, columns ``[r_3, r_2, r_1]``; float32
+        (float64 for float64 x). Saved for the backward; not differentiable.
+
+    Raises:
+        ValueError: eps negative, NaN or infinite.
+        RuntimeError: x not float32/float64/float16/bfloat16, 0-d or with H = 0; weight
+            not 3 elements or bias not 1 element, or of another dtype; tensors on
+            different devices; x on the CPU without the interpreter. Messages start
+            ``polynorm.forward_triton:`` and give the expected and the actual value.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    op = "polynorm.forward_triton"
+    _check_x(op, "x", x)
+    _check_weight(op, x, weight)
+    if bias.dtype not in _SUPPORTED:
+        raise RuntimeError(f"{op}: expected bias to be float32, float64, float16 or bfloat16, got {bias.dtype}")
+    if bias.numel() != 1:
+        raise RuntimeError(
+            f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()} (shape {tuple(bias.shape)})"
+        )
+    _check_device(op, "bias", bias, x)
+    if not (eps >= 0.0 and eps != float("inf")):  # also rejects NaN
+        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {eps}")
+
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty((M, 3), dtype=_acc_dtype(x.dtype), device=x.device)
+    if M == 0:
+        return y, rstd
+    w, w_stride = _flat(weight)
+    b, _ = _flat(bias)
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
+    if _launchable(x_rows, w, b):
+        wrap_triton(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
+            x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
+            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+        )  # fmt: skip
+    return y, rstd
+
+
+@triton_op("polynorm::backward_triton", mutates_args=(), schema=_BWD_SCHEMA)
+def poly_norm_backward_triton(
+    grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """PolyNorm backward in Triton: ``torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)``.
+
+    With ``S_p = sum_j g_j x_j^p``, ``c_p = w(p) p r_p`` and ``d_p = c_p r_p^2 S_p / H``
+    (``w(3) = w0, w(2) = w1, w(1) = w2``)::
+
+        grad_x = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+        grad_weight = [sum r_3 S_3, sum r_2 S_2, sum r_1 S_1],  grad_bias = [sum g]
+
+    summed over rows in fp32 (fp64 for fp64 x), in a fixed order: the same bits on
+    every run for a given shape.
+
+    Args:
+        grad_y: x's shape and dtype; any layout (an expanded grad_y, row stride 0, is
+            read in place).
+        x: ``(..., H)``, as for :func:`poly_norm_forward_triton`.
+        weight: ``(3,)`` ``[w0, w1, w2]``, any float dtype.
+        rstd: ``(M, 3)`` from the forward, float32 (float64 for float64 x).
+
+    Returns:
+        grad_x: x's shape and dtype, contiguous. grad_weight ``(3,)`` and grad_bias
+        ``(1,)`` in weight's dtype (zeros when M = 0).
+
+    Raises:
+        RuntimeError: as the forward for x and weight; grad_y not of x's shape, dtype
+            and device; rstd not ``(M, 3)`` of the accumulation dtype on x's device.
+            Messages start ``polynorm.backward_triton:``.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    op = "polynorm.backward_triton"
+    _check_x(op, "x", x)
+    _check_weight(op, x, weight)
+    if grad_y.shape != x.shape:
+        raise RuntimeError(f"{op}: expected grad_y to have x's shape {tuple(x.shape)}, got {tuple(grad_y.shape)}")
+    if grad_y.dtype != x.dtype:
+        raise RuntimeError(f"{op}: expected grad_y to have x's dtype {x.dtype}, got {grad_y.dtype}")
+    _check_device(op, "grad_y", grad_y, x)
+    M = x.numel() // x.shape[-1]
+    if rstd.dim() != 2 or rstd.shape[0] != M or rstd.shape[1] != 3:
+        raise RuntimeError(
+            f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}"
+        )
+    acc = _acc_dtype(x.dtype)
+    if rstd.dtype != acc:
+        raise RuntimeError(f"{op}: expected rstd of dtype {acc} for x of dtype {x.dtype}, got {rstd.dtype}")
+    _check_device(op, "rstd", rstd, x)
+
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    g_rows, _, _, g_row_stride = _as_rows(grad_y)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if M == 0:
+        return grad_x, weight.new_zeros((3,)), weight.new_zeros((1,))
+    rstd_c = rstd.contiguous()  # [M, 3]: at most a tiny copy
+    w, w_stride = _flat(weight)
+    grad_weight = weight.new_empty((3,))
+    grad_bias = weight.new_empty((1,))
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
+    num_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
+    partials = torch.empty((num_programs, 4), dtype=acc, device=x.device)
+    if _launchable(x_rows, g_rows, w, rstd_c):
+        wrap_triton(_poly_norm_bwd_kernel)[(num_programs,)](
+            g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, grad_x, partials, M, H,
+            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+        )  # fmt: skip
+        wrap_triton(_poly_norm_bwd_param_kernel)[(1,)](
+            partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
+        )
+    return grad_x, grad_weight, grad_bias
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, weight, bias, _eps = inputs
+    _y, rstd = output
+    ctx.mark_non_differentiable(rstd)
+    ctx.save_for_backward(x, weight, rstd)
+    ctx.bias_shape = bias.shape
+    ctx.bias_dtype = bias.dtype
+
+
+def _backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
+    need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+    if not (need_x or need_weight or need_bias):
+        return None, None, None, None
+    x, weight, rstd = ctx.saved_tensors
+    grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
+    return (
+        grad_x if need_x else None,
+        grad_weight if need_weight else None,
+        grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
+        None,
+    )
+
+
+torch.library.register_autograd("polynorm::forward_triton", _backward, setup_context=_setup_context)

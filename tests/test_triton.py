@@ -1,0 +1,294 @@
+"""Checks specific to the Triton backend; its accuracy runs through the shared matrix in test_parity.
+
+On a machine without CUDA the Triton kernels run on CPU tensors in Triton's interpreter
+(tests/conftest.py turns it on); the GPU checks skip there with a reason.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+from _matrix import (
+    DTYPES,
+    HAS_CUDA,
+    check_against_oracle,
+    closed_form,
+    make_params,
+    make_rows,
+    requires_cuda,
+    seed_for,
+)
+
+triton_kernels = pytest.importorskip("polynorm.triton_kernels", reason="needs the triton package")
+
+import polynorm  # noqa: E402
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+requires_interpreter = pytest.mark.skipif(
+    not INTERPRET, reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)"
+)
+DEVICES = [pytest.param("cpu", marks=requires_interpreter), pytest.param("cuda", marks=requires_cuda)]
+
+
+def _inputs(key, M, H, dtype, device, layout="contiguous", param_dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed_for("triton", key, M, H, dtype, device, layout, param_dtype))
+    x = make_rows(M, H, dtype, device, layout, gen)
+    g = make_rows(M, H, dtype, device, layout, gen)
+    w, b = make_params(param_dtype, device, gen)
+    return x, g, w, b
+
+
+# ---------------------------------------------------------------------------------------
+# opcheck: schema, autograd registration, fake tensors, AOT dispatch
+# ---------------------------------------------------------------------------------------
+
+
+def _op_samples(device):
+    samples = []
+    for i, (shape, dtype, layout, param_dtype) in enumerate(
+        [
+            ((4, 33), torch.float32, "contiguous", torch.float32),
+            ((3, 64), torch.bfloat16, "sliced", torch.float32),
+            ((2, 3, 40), torch.float16, "contiguous", torch.bfloat16),
+            ((5, 17), torch.float64, "transposed", torch.float64),
+        ]
+    ):
+        M, H = math.prod(shape[:-1]), shape[-1]
+        x, g, w, b = _inputs(("opcheck", i), M, H, dtype, device, layout, param_dtype)
+        x, g = x.reshape(shape), g.reshape(shape)
+        if i == 2:
+            b = b.reshape(())
+        samples.append((x, g, w, b))
+    return samples
+
+
+# Under the interpreter the kernels run eagerly in Python: wrap_triton hands back the raw
+# kernel instead of recording it, so an AOT-traced graph cannot contain the launch, and
+# the op only gives output shapes under fake tensors. The GPU run covers AOT dispatch.
+OPCHECK_TESTS = {
+    "cpu": ("test_schema", "test_autograd_registration", "test_faketensor"),
+    "cuda": ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck(device):
+    tests = OPCHECK_TESTS[device]
+    for x, g, w, b in _op_samples(device):
+        for requires_grad in (False, True):
+            args = (x.detach().requires_grad_(requires_grad), w.detach().requires_grad_(requires_grad), b, 1e-6)
+            torch.library.opcheck(torch.ops.polynorm.forward_triton.default, args, test_utils=tests)
+        _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+        torch.library.opcheck(torch.ops.polynorm.backward_triton.default, (g, x, w, rstd), test_utils=tests)
+
+
+# ---------------------------------------------------------------------------------------
+# Autograd wiring, parameters, empty inputs, errors
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("needs", ["x", "weight", "bias", "weight+bias"])
+def test_needs_input_grad(device, needs):
+    x, g, w, b = _inputs(("needs", needs), 6, 100, torch.float32, device, param_dtype=torch.bfloat16)
+    b = b.reshape(())  # grad_bias comes back in bias's shape and dtype
+    x.requires_grad_("x" in needs)
+    w.requires_grad_("weight" in needs)
+    b.requires_grad_("bias" in needs)
+    y = polynorm.poly_norm(x, w, b, 1e-6, backend="triton")
+    y.backward(g)
+    assert (x.grad is not None) == ("x" in needs)
+    if "weight" in needs:
+        assert w.grad.dtype == torch.bfloat16 and w.grad.shape == (3,)
+    if "bias" in needs:
+        assert b.grad.dtype == torch.bfloat16 and b.grad.shape == ()
+    ref_y = polynorm.poly_norm(x.detach(), w.detach(), b.detach(), 1e-6, backend="reference")
+    torch.testing.assert_close(y.detach(), ref_y, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_module(device):
+    gen = torch.Generator().manual_seed(seed_for("module", device))
+    module = polynorm.PolyNorm(backend="triton", device=device)
+    x = torch.randn(2, 5, 64, generator=gen).to(device).requires_grad_()
+    g = torch.randn(2, 5, 64, generator=gen).to(device)
+    y = module(x)
+    y.backward(g)
+    out = type("Out", (), {})()
+    out.y, out.dx, out.dw, out.db = y.detach(), x.grad, module.weight.grad, module.bias.grad
+    check_against_oracle(out, x.detach(), g, module.weight.detach(), module.bias.detach(), module.eps, what="module")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_empty(device, dtype):
+    x = torch.empty(0, 4, 16, dtype=dtype, device=device, requires_grad=True)
+    w = torch.randn(3, device=device, requires_grad=True)
+    b = torch.randn(1, device=device, requires_grad=True)
+    y, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    assert y.shape == x.shape and y.dtype == dtype and rstd.shape == (0, 3)
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    assert torch.equal(w.grad, torch.zeros(3, device=device)) and torch.equal(b.grad, torch.zeros(1, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_errors(device):
+    x = torch.randn(4, 8, device=device)
+    w = torch.randn(3, device=device)
+    b = torch.randn(1, device=device)
+    r = torch.ones(4, 3, device=device)
+    fwd, bwd = "forward_triton", "backward_triton"
+    cases = [
+        (fwd, (x.int(), w, b, 1e-6), RuntimeError, "x to be float32, float64, float16 or bfloat16, got torch.int32"),
+        (fwd, (torch.tensor(1.0, device=device), w, b, 1e-6), RuntimeError, "got a 0-d tensor"),
+        (fwd, (torch.randn(4, 0, device=device), w, b, 1e-6), RuntimeError, "H >= 1, got shape (4, 0)"),
+        (fwd, (x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "3 elements [w0, w1, w2], got 4"),
+        (fwd, (x, w.int(), b, 1e-6), RuntimeError, "expected weight to be float32"),
+        (fwd, (x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (fwd, (x, w, b.int(), 1e-6), RuntimeError, "expected bias to be float32"),
+        (fwd, (x, w, b, -1.0), ValueError, "finite and >= 0, got -1.0"),
+        (fwd, (x, w, b, float("nan")), ValueError, "finite and >= 0, got nan"),
+        (fwd, (x, w, b, float("inf")), ValueError, "finite and >= 0, got inf"),
+        (bwd, (torch.randn(4, 9, device=device), x, w, r), RuntimeError, "x's shape (4, 8), got (4, 9)"),
+        (bwd, (x.double(), x, w, r), RuntimeError, "x's dtype torch.float32, got torch.float64"),
+        (bwd, (x, x, w, torch.ones(5, 3, device=device)), RuntimeError, "rstd of shape [4, 3]"),
+        (bwd, (x, x, w, r.double()), RuntimeError, "rstd of dtype torch.float32 for x of dtype torch.float32"),
+        (bwd, (x, x, torch.randn(2, device=device), r), RuntimeError, "3 elements"),
+    ]
+    if device == "cuda":
+        cases += [
+            (fwd, (x, w.cpu(), b, 1e-6), RuntimeError, "expected weight on x's device"),
+            (fwd, (x, w, b.cpu(), 1e-6), RuntimeError, "expected bias on x's device"),
+            (fwd, (x.cpu(), w.cpu(), b.cpu(), 1e-6), RuntimeError, "expected x on a CUDA device"),
+            (bwd, (x, x, w, r.cpu()), RuntimeError, "expected rstd on x's device"),
+        ]
+    for op, args, error, text in cases:
+        with pytest.raises(error) as info:
+            getattr(torch.ops.polynorm, op)(*args)
+        message = str(info.value)
+        assert message.startswith(f"polynorm.{op}: expected "), message
+        assert text in message, message
+
+
+def test_backend_without_triton(monkeypatch):
+    from polynorm import ops
+
+    monkeypatch.setattr(ops, "_triton_kernels", None)
+    monkeypatch.setattr(ops, "_TRITON_IMPORT_ERROR", "ModuleNotFoundError: No module named 'triton'", raising=False)
+    x, w, b = torch.randn(2, 8), torch.randn(3), torch.randn(1)
+    with pytest.raises(RuntimeError, match="backend 'triton' expected the triton package"):
+        polynorm.poly_norm(x, w, b, backend="triton")
+    assert "triton" in polynorm.BACKENDS
+
+
+# ---------------------------------------------------------------------------------------
+# Determinism and batch invariance
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_backward_deterministic(device, dtype):
+    # Many rows, so that the persistent programs each take several tiles and the
+    # partials of dw and db have many terms.
+    M, H = (300, 64) if device == "cpu" else (20000, 1024)
+    x, g, w, b = _inputs("determinism", M, H, dtype, device)
+    _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    first = torch.ops.polynorm.backward_triton(g, x, w, rstd)
+    second = torch.ops.polynorm.backward_triton(g, x, w, rstd)
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H", [127, 1024, 4096, 5125, 16385])
+def test_batch_invariance(H, dtype):
+    # The launch shape depends on H and the dtype only: a row's y is bitwise the same
+    # alone and at any position in a batch of any size.
+    gen = torch.Generator().manual_seed(seed_for("batch_invariance", H, dtype))
+    w, b = make_params(torch.float32, "cuda", gen)
+    row = torch.randn(1, H, generator=gen).to(dtype).cuda()
+    y_alone = torch.ops.polynorm.forward_triton(row, w, b, 1e-6)[0]
+    for M in (1, 255, 256, 257):
+        batch = torch.randn(M, H, generator=gen).to(dtype).cuda()
+        at = M // 2
+        batch[at] = row[0]
+        y = torch.ops.polynorm.forward_triton(batch, w, b, 1e-6)[0]
+        assert torch.equal(y[at], y_alone[0]), (M, H, dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# GPU: CUDA kernels vs Triton kernels vs the float64 oracle
+# ---------------------------------------------------------------------------------------
+
+
+def _ulp(dtype: torch.dtype, mag: torch.Tensor) -> torch.Tensor:
+    """The spacing of dtype's values at magnitude mag (the subnormal spacing near 0), in float64."""
+    info = torch.finfo(dtype)
+    return torch.exp2(torch.floor(torch.log2(mag.double().clamp_min(info.tiny)))) * info.eps
+
+
+def _within_ulps_fraction(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, ulps: int) -> float:
+    # An ulp is taken at the element's magnitude, or at the magnitude of the terms it sums
+    # when they cancel (y near 0): both kernels compute in fp32 and round once, so where
+    # the terms cancel they agree to the fp32 error of the terms, not of the result.
+    mag = torch.maximum(torch.maximum(a.double().abs(), b.double().abs()), scale.reshape(a.shape).to(a.device))
+    ok = (a.double() - b.double()).abs() <= ulps * _ulp(a.dtype, mag)
+    return ok.double().mean().item()
+
+
+def _run(backend, x, g, w, b):
+    x_ = x.detach().clone().requires_grad_(True)
+    w_ = w.detach().clone().requires_grad_(True)
+    b_ = b.detach().clone().requires_grad_(True)
+    y = polynorm.poly_norm(x_, w_, b_, 1e-6, backend=backend)
+    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
+    return type("Out", (), {"y": y.detach(), "dx": dx, "dw": dw, "db": db})()
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,H", [(7, 1), (83, 769), (512, 4096), (64, 16385), (4, 65536)])
+def test_cuda_triton_parity(M, H, dtype):
+    x, g, w, b = _inputs("parity", M, H, dtype, "cuda")
+    cuda = _run("cuda", x, g, w, b)
+    triton_out = _run("triton", x, g, w, b)
+    for out, name in ((cuda, "cuda"), (triton_out, "triton")):
+        check_against_oracle(out, x, g, w, b, 1e-6, what=f"{name} M={M} H={H} {dtype}")
+    if dtype in (torch.float32, torch.float64):
+        # Here the output dtype is the accumulation dtype: the two kernels add each row's
+        # sums in different orders, which alone moves y and dx by several ulps. Both are
+        # held to the oracle above; the ulp comparison is for fp16/bf16 outputs.
+        return
+    _, scale = closed_form(x, g, w, b, 1e-6)
+    for name in ("y", "dx"):
+        frac = _within_ulps_fraction(getattr(cuda, name), getattr(triton_out, name), getattr(scale, name), 2)
+        assert frac >= 0.999, f"{name}: only {frac:.5f} of elements within 2 ulps of {dtype} (M={M}, H={H})"
+
+
+@requires_cuda
+def test_torch_compile():
+    x, g, w, b = _inputs("compile", 64, 1024, torch.bfloat16, "cuda")
+
+    def f(x, w, b):
+        return polynorm.poly_norm(x, w, b, 1e-6, backend="triton")
+
+    eager = _run("triton", x, g, w, b)
+    x_ = x.detach().clone().requires_grad_(True)
+    w_ = w.detach().clone().requires_grad_(True)
+    b_ = b.detach().clone().requires_grad_(True)
+    y = torch.compile(f, fullgraph=True)(x_, w_, b_)
+    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
+    torch.testing.assert_close(y, eager.y, rtol=0, atol=0)
+    torch.testing.assert_close(dx, eager.dx, rtol=0, atol=0)
+    torch.testing.assert_close(dw, eager.dw, rtol=0, atol=0)
+    torch.testing.assert_close(db, eager.db, rtol=0, atol=0)
+
+
+def test_interpreter_matches_environment():
+    # conftest turns the interpreter on exactly when there is no CUDA device.
+    assert triton_kernels._interpreted() == (not HAS_CUDA or INTERPRET)
