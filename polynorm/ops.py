@@ -25,12 +25,21 @@ def _rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if x_dtype == torch.float64 else torch.float32
 
 
+def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
+    # The fake kernels also run when one argument is on the meta device and x is not
+    # (the dispatcher picks Meta); without this check that returned garbage CPU tensors.
+    for name, t in others.items():
+        if t.device != x.device:
+            raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
+
+
 @torch.library.register_fake("polynorm::forward")
 def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     torch._check(x.dim() >= 1, lambda: "polynorm.forward: expected x to have at least 1 dimension, got 0-d")
     torch._check(x.shape[-1] >= 1, lambda: f"polynorm.forward: expected H >= 1, got shape {tuple(x.shape)}")
     torch._check(weight.numel() == 3, lambda: f"polynorm.forward: expected weight of 3 elements, got {weight.numel()}")
     torch._check(bias.numel() == 1, lambda: f"polynorm.forward: expected bias of 1 element, got {bias.numel()}")
+    _check_same_device("polynorm.forward", x, weight=weight, bias=bias)
     M = x.numel() // x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = x.new_empty((M, 3), dtype=_rstd_dtype(x.dtype))
@@ -43,6 +52,7 @@ def _backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> t
         grad_y.shape == x.shape,
         lambda: f"polynorm.backward: expected grad_y of x's shape {tuple(x.shape)}, got {tuple(grad_y.shape)}",
     )
+    _check_same_device("polynorm.backward", x, grad_y=grad_y, weight=weight, rstd=rstd)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return grad_x, weight.new_empty((3,)), weight.new_empty((1,))
 

@@ -77,6 +77,20 @@ def test_device_mismatch(which):
     torch.ones(4, device="cuda").sum().item()
 
 
+@pytest.mark.parametrize("which", ["weight", "bias"])
+def test_device_mismatch_meta(which):
+    # Runs without a GPU: a parameter on the meta device sends the call to the fake
+    # kernel, which must refuse it rather than return uninitialised CPU tensors.
+    x, w, b = _inputs("cpu")
+    args = {"weight": w, "bias": b}
+    args[which] = args[which].to("meta")
+    with pytest.raises(RuntimeError, match=rf"polynorm\.forward: expected {which} on x's device cpu, got meta"):
+        torch.ops.polynorm.forward(x, args["weight"], args["bias"], 1e-6)
+    g, x2, w2, rstd = _backward_args("cpu")
+    with pytest.raises(RuntimeError, match=r"polynorm\.backward: expected weight on x's device cpu, got meta"):
+        torch.ops.polynorm.backward(g, x2, w2.to("meta"), rstd)
+
+
 def test_unknown_backend():
     x, w, b = _inputs("cpu")
     with pytest.raises(ValueError, match=r"polynorm\.poly_norm: expected backend to be one of auto, cuda"):
