@@ -13,30 +13,46 @@ This is the script behind bench/results/h200-2026-11-29/ops_timing*.log. The ful
 harness, with autograd, the peers and plots, is bench/bench.py.
 """
 import torch
-import polynorm
 from triton.testing import do_bench
-torch.manual_seed(0)
-dt = torch.bfloat16
-def bench(fn):
+
+import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
+
+SHAPES = [(2**26 // H, H) for H in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 5125, 16385)] + [
+    (2048, H) for H in (1024, 2048, 4096, 8192, 16384, 32768)
+]
+
+
+def bench(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
-shapes = [(2**26 // H, H) for H in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 5125, 16385)] + [(2048, H) for H in (1024, 2048, 4096, 8192, 16384, 32768)]
-w = torch.tensor([0.3, -0.4, 0.9], device="cuda"); b = torch.tensor([0.1], device="cuda")
-has_triton = hasattr(torch.ops.polynorm, "forward_triton")
-print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
-for M, H in shapes:
-    x = torch.randn(M, H, device="cuda", dtype=dt); g = torch.randn_like(x)
-    out = torch.empty_like(x); out2 = torch.empty_like(x)
+
+
+def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor) -> str:
+    x = torch.randn(M, H, device="cuda", dtype=dtype)
+    g = torch.randn_like(x)
+    out, out2 = torch.empty_like(x), torch.empty_like(x)
     t_copy = bench(lambda: out.copy_(x))
     t_add = bench(lambda: torch.add(x, g, out=out2))
-    t_f = bench(lambda: torch.ops.polynorm.forward(x, w, b, 1e-6))
-    y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
-    t_b = bench(lambda: torch.ops.polynorm.backward(g, x, w, rstd))
+    t_f = bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6))
+    _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
+    t_b = bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd))
     tf = tb = float("nan")
-    if has_triton:
-        try:
-            tf = bench(lambda: torch.ops.polynorm.forward_triton(x, w, b, 1e-6))
-            tb = bench(lambda: torch.ops.polynorm.backward_triton(g, x, w, rstd))
-        except Exception as e:
-            print("triton failed:", repr(e)[:200])
-    print(f"{M:7d} {H:6d} {t_copy*1e3:7.1f} {t_f/t_copy:6.2f} {tf/t_copy:7.2f} {t_add*1e3:7.1f} {t_b/t_add:6.2f} {tb/t_add:7.2f}", flush=True)
-    del x, g, out, out2, y, rstd
+    if hasattr(torch.ops.polynorm, "forward_triton"):
+        tf = bench(lambda: torch.ops.polynorm.forward_triton(x, weight, bias, 1e-6))
+        tb = bench(lambda: torch.ops.polynorm.backward_triton(g, x, weight, rstd))
+    return (
+        f"{M:7d} {H:6d} {t_copy * 1e3:7.1f} {t_f / t_copy:6.2f} {tf / t_copy:7.2f} "
+        f"{t_add * 1e3:7.1f} {t_b / t_add:6.2f} {tb / t_add:7.2f}"
+    )
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
+    bias = torch.tensor([0.1], device="cuda")
+    print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
+    for M, H in SHAPES:
+        print(row(M, H, torch.bfloat16, weight, bias), flush=True)
+
+
+if __name__ == "__main__":
+    main()
