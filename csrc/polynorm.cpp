@@ -58,7 +58,12 @@ bool is_supported_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
 
+void check_defined(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.defined(), op, ": expected ", name, " to be a Tensor, got None");
+}
+
 void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight) {
+  check_defined(op, "weight", weight);
   TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
               ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
   TORCH_CHECK(weight.numel() == 3, op, ": expected weight to have 3 elements [w0, w1, w2], got ",
@@ -68,6 +73,7 @@ void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight)
 }
 
 void check_x(const char* op, const char* name, const at::Tensor& x) {
+  check_defined(op, name, x);
   TORCH_CHECK(is_supported_float(x.scalar_type()), op, ": expected ", name,
               " to be float32, float64, float16 or bfloat16, got ", x.scalar_type());
   TORCH_CHECK(x.dim() >= 1, op, ": expected ", name, " to have at least 1 dimension (..., H), got a 0-d tensor");
@@ -81,6 +87,7 @@ void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at:
   constexpr const char* op = "polynorm.forward";
   check_x(op, "x", x);
   check_params(op, x, weight);
+  check_defined(op, "bias", bias);
   TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
               ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
   TORCH_CHECK(bias.numel() == 1, op, ": expected bias to have 1 element (shape (1,) or ()), got ",
@@ -95,6 +102,8 @@ void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at
   constexpr const char* op = "polynorm.backward";
   check_x(op, "x", x);
   check_params(op, x, weight);
+  check_defined(op, "grad_y", grad_y);
+  check_defined(op, "rstd", rstd);
   TORCH_CHECK(grad_y.sizes() == x.sizes(), op, ": expected grad_y to have x's shape ", shape(x.sizes()), ", got ",
               shape(grad_y.sizes()));
   TORCH_CHECK(grad_y.scalar_type() == x.scalar_type(), op, ": expected grad_y to have x's dtype ",

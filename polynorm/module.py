@@ -1,9 +1,11 @@
 """``polynorm.PolyNorm``: the activation as an ``nn.Module``."""
 
+import math
+
 import torch
 from torch import Tensor, nn
 
-from polynorm.ops import poly_norm
+from polynorm.ops import BACKENDS, poly_norm
 
 __all__ = ["PolyNorm"]
 
@@ -19,6 +21,9 @@ class PolyNorm(nn.Module):
         device, dtype: of the parameters (any float dtype, independent of the input's).
         backend: see :func:`polynorm.poly_norm`.
 
+    Raises:
+        ValueError: eps negative, NaN or infinite, or an unknown backend.
+
     Parameters:
         weight: ``(3,)``, ``[w0, w1, w2]``, initialised to ``[1/3, 1/3, 1/3]`` as in PolyCom.
         bias: ``(1,)``, initialised to ``0``.
@@ -30,6 +35,10 @@ class PolyNorm(nn.Module):
 
     def __init__(self, eps: float = 1e-6, device=None, dtype=None, backend: str = "auto") -> None:
         super().__init__()
+        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+            raise ValueError(f"polynorm.PolyNorm: expected eps to be finite and >= 0, got {eps}")
+        if backend not in BACKENDS:
+            raise ValueError(f"polynorm.PolyNorm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
         factory = {"device": device, "dtype": dtype}
         self.eps = eps
         self.backend = backend

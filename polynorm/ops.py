@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from polynorm import reference
+from polynorm._common import check_backward_args, check_forward_args, register_autograd, rstd_dtype
 
 try:  # registers torch.ops.polynorm.forward_triton and backward_triton
     from polynorm import triton_kernels as _triton_kernels
@@ -21,66 +22,23 @@ __all__ = ["poly_norm", "BACKENDS"]
 BACKENDS = ("auto", "cuda", "triton", "reference")
 
 
-def _rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if x_dtype == torch.float64 else torch.float32
-
-
-def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
-    # The fake kernels also run when one argument is on the meta device and x is not
-    # (the dispatcher picks Meta); without this check that returned garbage CPU tensors.
-    for name, t in others.items():
-        if t.device != x.device:
-            raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
-
-
 @torch.library.register_fake("polynorm::forward")
 def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    torch._check(x.dim() >= 1, lambda: "polynorm.forward: expected x to have at least 1 dimension, got 0-d")
-    torch._check(x.shape[-1] >= 1, lambda: f"polynorm.forward: expected H >= 1, got shape {tuple(x.shape)}")
-    torch._check(weight.numel() == 3, lambda: f"polynorm.forward: expected weight of 3 elements, got {weight.numel()}")
-    torch._check(bias.numel() == 1, lambda: f"polynorm.forward: expected bias of 1 element, got {bias.numel()}")
-    _check_same_device("polynorm.forward", x, weight=weight, bias=bias)
+    check_forward_args("polynorm.forward", x, weight, bias, eps)
     M = x.numel() // x.shape[-1]
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = x.new_empty((M, 3), dtype=_rstd_dtype(x.dtype))
+    rstd = x.new_empty((M, 3), dtype=rstd_dtype(x.dtype))
     return y, rstd
 
 
 @torch.library.register_fake("polynorm::backward")
 def _backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    torch._check(
-        grad_y.shape == x.shape,
-        lambda: f"polynorm.backward: expected grad_y of x's shape {tuple(x.shape)}, got {tuple(grad_y.shape)}",
-    )
-    _check_same_device("polynorm.backward", x, grad_y=grad_y, weight=weight, rstd=rstd)
+    check_backward_args("polynorm.backward", grad_y, x, weight, rstd)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     return grad_x, weight.new_empty((3,)), weight.new_empty((1,))
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, _eps = inputs
-    _y, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.bias_shape = bias.shape
-    ctx.bias_dtype = bias.dtype
-
-
-def _backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
-    need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
-    if not (need_x or need_weight or need_bias):
-        return None, None, None, None
-    x, weight, rstd = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward(grad_y, x, weight, rstd)
-    return (
-        grad_x if need_x else None,
-        grad_weight if need_weight else None,
-        grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-        None,
-    )
-
-
-torch.library.register_autograd("polynorm::forward", _backward, setup_context=_setup_context)
+register_autograd("polynorm::forward", torch.ops.polynorm.backward.default)
 
 
 def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backend: str = "auto") -> Tensor:
@@ -133,5 +91,10 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             )
         return torch.ops.polynorm.forward_triton(x, weight, bias, eps)[0]
     if backend == "reference":
+        # Eager only: torch.compile cannot trace the torch._check messages (closures over
+        # tensors), a graph break under fullgraph=True; traced, the reference's own ops
+        # reject bad shapes.
+        if not torch.compiler.is_compiling():
+            check_forward_args("polynorm.poly_norm", x, weight, bias, eps)
         return reference.poly_norm(x, weight, bias, eps)
     raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")

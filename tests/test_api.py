@@ -91,6 +91,51 @@ def test_device_mismatch_meta(which):
         torch.ops.polynorm.backward(g, x2, w2.to("meta"), rstd)
 
 
+@pytest.mark.parametrize("which", ["x", "weight", "bias"])
+def test_none_arguments(which):
+    x, w, b = _inputs("cpu")
+    args = {"x": x, "weight": w, "bias": b}
+    args[which] = None
+    with pytest.raises(RuntimeError, match=rf"polynorm\.forward: expected {which} to be a Tensor, got None"):
+        torch.ops.polynorm.forward(args["x"], args["weight"], args["bias"], 1e-6)
+
+
+def test_reference_backend_validates():
+    x, w, b = _inputs("cpu")
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm: expected x to be float32, float64, float16 or bfloat16, got torch\.int32"):
+        polynorm.poly_norm(x.int(), w, b, backend="reference")
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm: expected weight to have 3 elements \[w0, w1, w2\], got 4"):
+        polynorm.poly_norm(x, torch.ones(4), b, backend="reference")
+    with pytest.raises(ValueError, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0, got -1"):
+        polynorm.poly_norm(x, w, b, -1.0, backend="reference")
+
+
+def test_module_validates_arguments():
+    with pytest.raises(ValueError, match=r"polynorm\.PolyNorm: expected eps to be finite and >= 0, got nan"):
+        polynorm.PolyNorm(eps=float("nan"))
+    with pytest.raises(ValueError, match=r"polynorm\.PolyNorm: expected backend to be one of auto, cuda, triton, reference, got 'nope'"):
+        polynorm.PolyNorm(backend="nope")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_refused(device):
+    # A gradient of the gradient is not implemented; it must raise, not come out as zeros.
+    x, w, b = _inputs(device, dtype=torch.float64)
+    x = x.requires_grad_()
+    (gx,) = torch.autograd.grad(polynorm.poly_norm(x, w, b).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"polynorm\.backward: differentiating PolyNorm's gradient"):
+        gx.pow(2).sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(3,), (1, 3), (3, 1)])
+def test_weight_of_any_shape_with_3_elements(device, shape):
+    x, w, b = _inputs(device)
+    w = w.reshape(shape).clone().requires_grad_()
+    polynorm.poly_norm(x, w, b).sum().backward()
+    assert w.grad.shape == shape
+
+
 def test_unknown_backend():
     x, w, b = _inputs("cpu")
     with pytest.raises(ValueError, match=r"polynorm\.poly_norm: expected backend to be one of auto, cuda"):

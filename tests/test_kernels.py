@@ -6,6 +6,7 @@ import torch
 
 from _matrix import (
     autograd_reference,
+    rel_l2,
     check_against_oracle,
     make_params,
     make_rows,
@@ -28,6 +29,35 @@ def test_fp16_large_values_stay_finite(device, backend, H):
     w, b = make_params(torch.float32, device, gen)
     out = run_backend(backend, x, g, w, b, 1e-6)
     check_against_oracle(out, x, g, w, b, 1e-6, what="fp16 +-60000")
+
+
+# The CUDA and Triton kernels still form r_p^3 on its own in d_p (see bench/NOTES.md); the
+# fix needs a GPU run, so their cases are expected to fail until then (strict: a pass fails).
+_R_CUBED = pytest.mark.xfail(strict=True, reason="d_p still forms r_p^3 on the GPU kernels")
+MAGNITUDE_KERNELS = [
+    ("cpu", "auto"),
+    pytest.param("cuda", "cuda", marks=[requires_cuda, _R_CUBED]),
+    pytest.param("cuda", "triton", marks=[requires_cuda, _R_CUBED]),
+]
+
+
+@pytest.mark.parametrize("device,backend", MAGNITUDE_KERNELS)
+@pytest.mark.parametrize("dtype,scale,eps", [(torch.float32, 1e5, 1e-6), (torch.bfloat16, 1e5, 1e-6), (torch.float32, 1e-5, 0.0)])
+def test_backward_at_extreme_magnitudes(device, backend, dtype, scale, eps):
+    # Forward is exact here; dx must be too, although r_3^3 alone leaves fp32's range.
+    gen = torch.Generator().manual_seed(seed_for("magnitude", device, backend, dtype, scale))
+    x = make_rows(6, 512, dtype, device, "contiguous", gen, scale=scale)
+    g = make_rows(6, 512, dtype, device, "contiguous", gen)
+    w, b = make_params(torch.float32, device, gen)
+    out = run_backend(backend, x, g, w, b, eps)
+    oracle = autograd_reference(x, g, w, b, eps, torch.float64)
+    # The fp32 eager reference is itself 17% off (fp32) or infinite (eps = 0) here, so the
+    # bound is the dtype's own: about one rounding of the exact result to x's dtype
+    # (MATH.md: 1.7e-3 for bf16 on randn) with margin, and 1e-6 for fp32 arithmetic.
+    bound = 2.5e-3 if dtype == torch.bfloat16 else 1e-6
+    for name in ("y", "dx"):
+        err = rel_l2(getattr(out, name), getattr(oracle, name))
+        assert err <= bound, f"{name}: rel L2 error {err:.3e} > {bound:.1e} at |x| ~ {scale}, eps = {eps}"
 
 
 @pytest.mark.parametrize("device,backend", KERNELS)

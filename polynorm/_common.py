@@ -1,0 +1,121 @@
+"""Argument checks and autograd wiring shared by every polynorm op (C++/CUDA and Triton).
+
+PolyNorm: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+"""
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["check_backward_args", "check_forward_args", "register_autograd", "rstd_dtype"]
+
+
+def rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
+    """dtype of the rstd cache and of every accumulator: fp64 for fp64 x, fp32 otherwise."""
+    return torch.float64 if x_dtype == torch.float64 else torch.float32
+
+
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _check_float(op: str, name: str, t: Tensor) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise RuntimeError(f"{op}: expected {name} to be float32, float64, float16 or bfloat16, got {t.dtype}")
+
+
+def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
+    # The fake kernels also run when one argument is on the meta device and x is not
+    # (the dispatcher picks Meta); without this check that returned garbage CPU tensors.
+    for name, t in others.items():
+        if t.device != x.device:
+            raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
+
+
+def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> None:
+    """The C++ argument checks, in Python: for the fake kernels, the Triton and reference paths.
+
+    Raises RuntimeError (ValueError for eps) naming ``op`` and the argument, with the
+    expected and the actual value. Shape conditions go through ``torch._check`` so that
+    symbolic shapes (torch.compile with dynamic=True) pass through unspecialised.
+    """
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        _check_float(op, name, t)
+    torch._check(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor")
+    torch._check(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}")
+    torch._check(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}")
+    torch._check(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}")
+    _check_same_device(op, x, weight=weight, bias=bias)
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {eps}")
+
+
+def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> None:
+    """The C++ backward checks, in Python (see :func:`check_forward_args`)."""
+    for name, t in (("grad_y", grad_y), ("x", x), ("weight", weight), ("rstd", rstd)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
+    _check_float(op, "x", x)
+    _check_float(op, "weight", weight)
+    torch._check(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor")
+    torch._check(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}")
+    torch._check(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}")
+    torch._check(
+        grad_y.shape == x.shape,
+        lambda: f"{op}: expected grad_y to have x's shape {list(x.shape)}, got {list(grad_y.shape)}",
+    )
+    if grad_y.dtype != x.dtype:
+        raise RuntimeError(f"{op}: expected grad_y to have x's dtype {x.dtype}, got {grad_y.dtype}")
+    M = x.numel() // x.shape[-1]
+    torch._check(
+        rstd.dim() == 2 and rstd.shape[0] == M and rstd.shape[1] == 3,
+        lambda: f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}",
+    )
+    if rstd.dtype != rstd_dtype(x.dtype):
+        raise RuntimeError(f"{op}: expected rstd of dtype {rstd_dtype(x.dtype)} for x of dtype {x.dtype}, got {rstd.dtype}")
+    _check_same_device(op, x, grad_y=grad_y, weight=weight, rstd=rstd)
+
+
+def register_autograd(forward_op: str, backward_op) -> None:
+    """Makes ``forward_op`` differentiable through ``backward_op`` (same schemas as the C++ ops).
+
+    The backward honours ``needs_input_grad``, returns each gradient in its parameter's
+    shape (weight may be any shape of 3 elements, bias of 1), and the bias gradient in the
+    bias's dtype. ``backward_op`` itself refuses to be differentiated: a gradient of the
+    gradient would otherwise come out as zeros with only a warning.
+    """
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias, _eps = inputs
+        _y, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.weight_shape = weight.shape
+        ctx.bias_shape = bias.shape
+        ctx.bias_dtype = bias.dtype
+
+    def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if not (need_x or need_weight or need_bias):
+            return None, None, None, None
+        x, weight, rstd = ctx.saved_tensors
+        grad_x, grad_weight, grad_bias = backward_op(grad_y, x, weight, rstd)
+        return (
+            grad_x if need_x else None,
+            grad_weight.reshape(ctx.weight_shape) if need_weight else None,
+            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
+            None,
+        )
+
+    def no_double_backward(ctx, *grads):
+        raise RuntimeError(
+            f"{backward_op._schema.name.replace('::', '.')}: differentiating PolyNorm's gradient "
+            "(double backward, create_graph=True) is not supported"
+        )
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    torch.library.register_autograd(
+        backward_op._schema.name, no_double_backward, setup_context=lambda ctx, inputs, output: None
+    )
