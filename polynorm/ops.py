@@ -91,9 +91,8 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             )
         return torch.ops.polynorm.forward_triton(x, weight, bias, eps)[0]
     if backend == "reference":
-        # Eager only: torch.compile cannot trace the torch._check messages (closures over
-        # tensors), a graph break under fullgraph=True; traced, the reference's own ops
-        # reject bad shapes.
+        # Checked eagerly only: Dynamo cannot trace the torch._check messages, which close
+        # over tensors (a graph break, an error under fullgraph=True).
         if not torch.compiler.is_compiling():
             check_forward_args("polynorm.poly_norm", x, weight, bias, eps)
         return reference.poly_norm(x, weight, bias, eps)

@@ -39,9 +39,9 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-__all__ = ["poly_norm_forward_triton", "poly_norm_backward_triton"]
+from polynorm._common import check_backward_args, check_forward_args, register_autograd
 
-_SUPPORTED = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+__all__ = ["poly_norm_forward_triton", "poly_norm_backward_triton"]
 
 
 # ----------------------------------------------------------------------------------------
@@ -400,8 +400,16 @@ def _sm_count(device: torch.device) -> int:
     return 2  # the interpreter runs programs one after another: a few suffice
 
 
-def _bwd_num_programs(num_tiles: int, num_warps: int, device: torch.device) -> int:
-    return max(1, min(num_tiles, _sm_count(device) * max(1, _BWD_WARPS_PER_SM // num_warps)))
+def _bwd_num_programs(num_tiles: int, num_warps: int, device: torch.device) -> tuple[int, int]:
+    """(programs, cap): the persistent grid's size, min(num_tiles, cap), and its cap.
+
+    num_tiles >= 1 (M = 0 returns before the launch). Under torch.compile with a dynamic
+    M, num_tiles is a SymInt: Python's min() would guard on which side of the cap it falls,
+    so a batch crossing the cap would recompile; torch.sym_min keeps the choice symbolic
+    (and is plain min() on ints). The cap depends on the device and H only.
+    """
+    cap = _sm_count(device) * max(1, _BWD_WARPS_PER_SM // num_warps)
+    return torch.sym_min(num_tiles, cap), cap
 
 
 # ----------------------------------------------------------------------------------------
@@ -460,33 +468,13 @@ def _flat(t: Tensor) -> tuple[Tensor, int]:
     return flat, flat.stride(0)
 
 
-def _check_device(op: str, name: str, t: Tensor, x: Tensor) -> None:
-    if t.device != x.device:
-        raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
-
-
-def _check_x(op: str, name: str, x: Tensor) -> None:
-    if x.dtype not in _SUPPORTED:
-        raise RuntimeError(f"{op}: expected {name} to be float32, float64, float16 or bfloat16, got {x.dtype}")
-    if x.dim() < 1:
-        raise RuntimeError(f"{op}: expected {name} to have at least 1 dimension (..., H), got a 0-d tensor")
-    if x.shape[-1] < 1:
-        raise RuntimeError(f"{op}: expected {name} to have a last dimension H >= 1, got shape {tuple(x.shape)}")
+def _check_runs_here(op: str, x: Tensor) -> None:
+    # Beyond the shared checks: Triton runs CUDA tensors, or CPU tensors in its interpreter.
     if x.device.type != "cuda" and not _interpreted() and x.device.type != "meta" and not is_fake(x):
         raise RuntimeError(
-            f"{op}: expected {name} on a CUDA device (CPU tensors need TRITON_INTERPRET=1 set before "
+            f"{op}: expected x on a CUDA device (CPU tensors need TRITON_INTERPRET=1 set before "
             f"polynorm is imported), got {x.device}"
         )
-
-
-def _check_weight(op: str, x: Tensor, weight: Tensor) -> None:
-    if weight.dtype not in _SUPPORTED:
-        raise RuntimeError(f"{op}: expected weight to be float32, float64, float16 or bfloat16, got {weight.dtype}")
-    if weight.numel() != 3:
-        raise RuntimeError(
-            f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()} (shape {tuple(weight.shape)})"
-        )
-    _check_device(op, "weight", weight, x)
 
 
 _FWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor y, Tensor rstd)"
@@ -495,7 +483,28 @@ _BWD_SCHEMA = (
 )
 
 
-@triton_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
+def _op(name: str, *, mutates_args, schema: str):
+    """``torch.library.triton_op`` on a GPU; an opaque ``custom_op`` under the interpreter.
+
+    triton_op lets torch.compile, export and AOTInductor see the kernels: tracing runs the
+    body, and wrap_triton records each launch into the graph. Under the interpreter the
+    kernels are InterpretedFunctions, which wrap_triton cannot record, so a traced body
+    would launch nothing and the compiled graph would return uninitialised outputs. There
+    the op stays opaque instead: torch.compile and export keep the call, which runs the
+    interpreter at run time. In both cases the body, run on fake tensors, is the fake kernel.
+    """
+    if not _interpreted():
+        return triton_op(name, mutates_args=mutates_args, schema=schema)
+
+    def register(fn):
+        op = torch.library.custom_op(name, fn, mutates_args=mutates_args, schema=schema)
+        op.register_fake(fn)
+        return op
+
+    return register
+
+
+@_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
 def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """PolyNorm forward in Triton: ``torch.ops.polynorm.forward_triton(x, weight, bias, eps)``.
 
@@ -526,17 +535,8 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     op = "polynorm.forward_triton"
-    _check_x(op, "x", x)
-    _check_weight(op, x, weight)
-    if bias.dtype not in _SUPPORTED:
-        raise RuntimeError(f"{op}: expected bias to be float32, float64, float16 or bfloat16, got {bias.dtype}")
-    if bias.numel() != 1:
-        raise RuntimeError(
-            f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()} (shape {tuple(bias.shape)})"
-        )
-    _check_device(op, "bias", bias, x)
-    if not (eps >= 0.0 and eps != float("inf")):  # also rejects NaN
-        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {eps}")
+    check_forward_args(op, x, weight, bias, eps)
+    _check_runs_here(op, x)
 
     x_rows, M, H, x_row_stride = _as_rows(x)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -554,7 +554,7 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
     return y, rstd
 
 
-@triton_op("polynorm::backward_triton", mutates_args=(), schema=_BWD_SCHEMA)
+@_op("polynorm::backward_triton", mutates_args=(), schema=_BWD_SCHEMA)
 def poly_norm_backward_triton(
     grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -588,22 +588,9 @@ def poly_norm_backward_triton(
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     op = "polynorm.backward_triton"
-    _check_x(op, "x", x)
-    _check_weight(op, x, weight)
-    if grad_y.shape != x.shape:
-        raise RuntimeError(f"{op}: expected grad_y to have x's shape {tuple(x.shape)}, got {tuple(grad_y.shape)}")
-    if grad_y.dtype != x.dtype:
-        raise RuntimeError(f"{op}: expected grad_y to have x's dtype {x.dtype}, got {grad_y.dtype}")
-    _check_device(op, "grad_y", grad_y, x)
-    M = x.numel() // x.shape[-1]
-    if rstd.dim() != 2 or rstd.shape[0] != M or rstd.shape[1] != 3:
-        raise RuntimeError(
-            f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}"
-        )
+    check_backward_args(op, grad_y, x, weight, rstd)
+    _check_runs_here(op, x)
     acc = _acc_dtype(x.dtype)
-    if rstd.dtype != acc:
-        raise RuntimeError(f"{op}: expected rstd of dtype {acc} for x of dtype {x.dtype}, got {rstd.dtype}")
-    _check_device(op, "rstd", rstd, x)
 
     x_rows, M, H, x_row_stride = _as_rows(x)
     g_rows, _, _, g_row_stride = _as_rows(grad_y)
@@ -615,8 +602,10 @@ def poly_norm_backward_triton(
     grad_weight = weight.new_empty((3,))
     grad_bias = weight.new_empty((1,))
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
-    num_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
-    partials = torch.empty((num_programs, 4), dtype=acc, device=x.device)
+    num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
+    # [max_programs, 4], of which the first num_programs rows are written and summed: a
+    # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
+    partials = torch.empty((max_programs, 4), dtype=acc, device=x.device)
     if _launchable(x_rows, g_rows, w, rstd_c):
         wrap_triton(_poly_norm_bwd_kernel)[(num_programs,)](
             g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, grad_x, partials, M, H,
@@ -628,27 +617,4 @@ def poly_norm_backward_triton(
     return grad_x, grad_weight, grad_bias
 
 
-def _setup_context(ctx, inputs, output) -> None:
-    x, weight, bias, _eps = inputs
-    _y, rstd = output
-    ctx.mark_non_differentiable(rstd)
-    ctx.save_for_backward(x, weight, rstd)
-    ctx.bias_shape = bias.shape
-    ctx.bias_dtype = bias.dtype
-
-
-def _backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
-    need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
-    if not (need_x or need_weight or need_bias):
-        return None, None, None, None
-    x, weight, rstd = ctx.saved_tensors
-    grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
-    return (
-        grad_x if need_x else None,
-        grad_weight if need_weight else None,
-        grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-        None,
-    )
-
-
-torch.library.register_autograd("polynorm::forward_triton", _backward, setup_context=_setup_context)
+register_autograd("polynorm::forward_triton", torch.ops.polynorm.backward_triton.default)

@@ -131,7 +131,7 @@ def test_errors(device):
     cases = [
         (fwd, (x.int(), w, b, 1e-6), RuntimeError, "x to be float32, float64, float16 or bfloat16, got torch.int32"),
         (fwd, (torch.tensor(1.0, device=device), w, b, 1e-6), RuntimeError, "got a 0-d tensor"),
-        (fwd, (torch.randn(4, 0, device=device), w, b, 1e-6), RuntimeError, "H >= 1, got shape (4, 0)"),
+        (fwd, (torch.randn(4, 0, device=device), w, b, 1e-6), RuntimeError, "H >= 1, got shape [4, 0]"),
         (fwd, (x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "3 elements [w0, w1, w2], got 4"),
         (fwd, (x, w.int(), b, 1e-6), RuntimeError, "expected weight to be float32"),
         (fwd, (x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "1 element (shape (1,) or ()), got 2"),
@@ -139,7 +139,7 @@ def test_errors(device):
         (fwd, (x, w, b, -1.0), ValueError, "finite and >= 0, got -1.0"),
         (fwd, (x, w, b, float("nan")), ValueError, "finite and >= 0, got nan"),
         (fwd, (x, w, b, float("inf")), ValueError, "finite and >= 0, got inf"),
-        (bwd, (torch.randn(4, 9, device=device), x, w, r), RuntimeError, "x's shape (4, 8), got (4, 9)"),
+        (bwd, (torch.randn(4, 9, device=device), x, w, r), RuntimeError, "x's shape [4, 8], got [4, 9]"),
         (bwd, (x.double(), x, w, r), RuntimeError, "x's dtype torch.float32, got torch.float64"),
         (bwd, (x, x, w, torch.ones(5, 3, device=device)), RuntimeError, "rstd of shape [4, 3]"),
         (bwd, (x, x, w, r.double()), RuntimeError, "rstd of dtype torch.float32 for x of dtype torch.float32"),

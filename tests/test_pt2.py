@@ -1,0 +1,586 @@
+"""PyTorch 2 integration: torch.compile, dynamic shapes, CUDA graphs, export, AOTInductor, autocast.
+
+Each test runs over the (device, backend) cases it applies to:
+
+- CPU: the C++ kernel (``"auto"``), the Triton kernels in Triton's interpreter (tests/conftest.py
+  sets ``TRITON_INTERPRET=1`` when CUDA is absent) and the reference.
+- CUDA: the CUDA kernels, the Triton kernels and the reference.
+
+Under the interpreter the Triton ops are opaque custom ops (see ``polynorm.triton_kernels._op``):
+torch.compile and export keep the call and the interpreter runs it. On a GPU they are
+``triton_op``s, whose kernels Inductor and AOTInductor compile into the graph.
+
+opcheck of every op (schema, fake kernel, autograd registration, AOT dispatch with dynamic
+shapes), with and without requires_grad, runs in test_api.py (C++ ops, CPU and CUDA) and
+test_triton.py (Triton ops; CUDA, and the CPU without AOT dispatch); AOT dispatch of the
+Triton ops under the interpreter is checked here.
+"""
+
+import copy
+import io
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo.testing
+import torch._functorch.config
+import torch._inductor.config
+from torch import nn
+
+import polynorm
+from _matrix import Grads, HAS_CUDA, check_against_oracle, make_params, make_rows, requires_cuda, seed_for
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_TRITON = polynorm.ops._triton_kernels is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
+requires_interpreter = pytest.mark.skipif(
+    not INTERPRET,
+    reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)",
+)
+
+KERNEL_CASES = [
+    pytest.param("cpu", "auto", id="cpu-auto"),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter], id="cpu-triton"),
+    pytest.param("cuda", "cuda", marks=requires_cuda, id="cuda-cuda"),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda], id="cuda-triton"),
+]
+CASES = KERNEL_CASES + [
+    pytest.param("cpu", "reference", id="cpu-reference"),
+    pytest.param("cuda", "reference", marks=requires_cuda, id="cuda-reference"),
+]
+CUDA_KERNEL_CASES = [p for p in KERNEL_CASES if p.values[0] == "cuda"]
+
+# The op each kernel backend puts into an exported graph.
+GRAPH_OPS = {
+    "auto": "polynorm.forward.default",
+    "cuda": "polynorm.forward.default",
+    "triton": "polynorm.forward_triton.default",
+}
+
+H_IN, H = 16, 64  # Linear(H_IN, H) -> PolyNorm -> Linear(H, H_IN)
+
+
+@pytest.fixture(autouse=True)
+def _compile_from_scratch():
+    # Each test compiles from scratch: no cached graph may hide a recompile or a graph
+    # break, and no on-disk artifact compiled from an earlier version of an op's code may
+    # stand in for the current one (the caches key on the graph, which names the op only).
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(
+        enable_autograd_cache=False
+    ):
+        yield
+    torch._dynamo.reset()
+
+
+class Block(nn.Module):
+    """The MLP shape PolyNorm is used in: up projection, PolyNorm, down projection."""
+
+    def __init__(self, backend: str, device, gen: torch.Generator) -> None:
+        super().__init__()
+        self.up = nn.Linear(H_IN, H, device=device)
+        self.act = polynorm.PolyNorm(backend=backend, device=device)
+        self.down = nn.Linear(H, H_IN, device=device)
+        with torch.no_grad():
+            for linear in (self.up, self.down):
+                for p in (linear.weight, linear.bias):
+                    p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(linear.in_features))
+            w, b = make_params(torch.float32, device, gen)
+            self.act.weight.copy_(w)
+            self.act.bias.copy_(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+def _gen(*key) -> torch.Generator:
+    return torch.Generator().manual_seed(seed_for("pt2", *key))
+
+
+def _randn(shape, device, gen, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(shape, generator=gen).to(dtype).to(device)
+
+
+def _run_block(fn, block: Block, x: torch.Tensor, g: torch.Tensor, dynamic_dims=()):
+    """out, and the gradients of x and of every parameter, for one forward and backward."""
+    x_ = x.detach().clone().requires_grad_(True)
+    for dim in dynamic_dims:  # raises at compile time if tracing specialises the dim
+        torch._dynamo.mark_dynamic(x_, dim)
+    params = list(block.parameters())
+    out = fn(x_)
+    grads = torch.autograd.grad(out, [x_] + params, g)
+    return out.detach().clone(), list(grads)
+
+
+def _graph_targets(gm: torch.fx.GraphModule) -> set:
+    return {str(node.target) for node in gm.graph.nodes if node.op == "call_function"}
+
+
+# ---------------------------------------------------------------------------------------
+# torch.compile
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_module_matches_eager(device, backend):
+    # PolyNorm alone, bf16 activations and fp32 parameters: the same kernel runs eagerly and
+    # in the compiled graph, so y is bitwise the same; gradients within tolerance.
+    gen = _gen("compile_module", device, backend)
+    x = make_rows(3, H, torch.bfloat16, device, "4d", gen)  # (2, 3, 2, H)
+    g = make_rows(3, H, torch.bfloat16, device, "4d", gen)
+    module = polynorm.PolyNorm(backend=backend, device=device)
+    w, b = make_params(torch.float32, device, gen)
+    with torch.no_grad():
+        module.weight.copy_(w)
+        module.bias.copy_(b)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(module, backend=counter, fullgraph=True)
+
+    def run(fn):
+        x_ = x.detach().clone().requires_grad_(True)
+        y = fn(x_)
+        dx, dw, db = torch.autograd.grad(y, (x_, module.weight, module.bias), g)
+        return Grads(y.detach().clone(), dx, dw, db)
+
+    eager, comp = run(module), run(compiled)
+    assert counter.frame_count == 1
+    if backend == "reference":
+        # Inductor fuses the reference's fp32 ops in its own order: y can move by an ulp of bf16.
+        torch.testing.assert_close(comp.y, eager.y)
+    else:
+        assert torch.equal(comp.y, eager.y)
+    for name in ("dx", "dw", "db"):
+        got, exp = getattr(comp, name), getattr(eager, name)
+        assert got.dtype == exp.dtype, name
+        torch.testing.assert_close(got, exp, msg=lambda m: f"{name}: {m}")
+    if backend != "reference":
+        check_against_oracle(comp, x, g, w, b, module.eps, what=f"compiled {device} {backend}")
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_block_fullgraph(device, backend):
+    # A model that uses PolyNorm: one graph (fullgraph=True raises at a graph break),
+    # forward and backward match eager.
+    gen = _gen("compile_block", device, backend)
+    block = Block(backend, device, gen)
+    x = _randn((2, 5, H_IN), device, gen)
+    g = _randn((2, 5, H_IN), device, gen)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(block, backend=counter, fullgraph=True)
+    out_e, grads_e = _run_block(block, block, x, g)
+    out_c, grads_c = _run_block(compiled, block, x, g)
+    assert counter.frame_count == 1
+    torch.testing.assert_close(out_c, out_e)
+    names = ["x"] + [n for n, _ in block.named_parameters()]
+    for name, got, exp in zip(names, grads_c, grads_e):
+        torch.testing.assert_close(got, exp, msg=lambda m: f"grad of {name}: {m}")
+
+
+def _rows_past_triton_bwd_cap(device) -> int:
+    """An even number of rows of H for which the Triton backward's persistent grid is capped.
+
+    Its size is min(tiles, cap): a guard on that comparison would recompile here.
+    """
+    tk = polynorm.ops._triton_kernels
+    if tk is None:
+        return 2048
+    block_m, _, _, num_warps = tk._launch_config(H, torch.float32, "backward")
+    _, cap = tk._bwd_num_programs(1, num_warps, torch.device(device))
+    return 2 * ((cap + 1) * block_m // 2 + 1)
+
+
+@pytest.mark.parametrize("how", ["dynamic=True", "mark_dynamic"])
+@pytest.mark.parametrize("device,backend", KERNEL_CASES)
+def test_compile_dynamic_batch_no_recompile(device, backend, how):
+    # With the batch and sequence dims dynamic, a new M = B * T reuses the graph: the fake
+    # kernels handle symbolic shapes, and nothing in the ops guards on M.
+    gen = _gen("dynamic", device, backend, how)
+    block = Block(backend, device, gen)
+    compiled = torch.compile(block, fullgraph=True, dynamic=True if how == "dynamic=True" else None)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for B, T in [(2, 3), (3, 5), (4, 33), (2, _rows_past_triton_bwd_cap(device) // 2)]:
+            x = _randn((B, T, H_IN), device, gen)
+            g = _randn((B, T, H_IN), device, gen)
+            out_e, grads_e = _run_block(block, block, x, g)
+            out_c, grads_c = _run_block(compiled, block, x, g, (0, 1) if how == "mark_dynamic" else ())
+            torch.testing.assert_close(out_c, out_e, msg=lambda m: f"B={B} T={T}: {m}")
+            torch.testing.assert_close(grads_c[0], grads_e[0], msg=lambda m: f"B={B} T={T} grad of x: {m}")
+            # Parameter gradients are sums over the B * T rows, which the compiled graph may
+            # add in another order: within 4 n u of the gradient's size, the worst case of
+            # an n-term fp32 sum (u the fp32 unit roundoff).
+            tol = 4 * B * T * torch.finfo(torch.float32).eps / 2
+            for (name, _), got, exp in zip(block.named_parameters(), grads_c[1:], grads_e[1:]):
+                torch.testing.assert_close(
+                    got, exp, rtol=tol, atol=tol * exp.abs().max().item(), msg=lambda m: f"B={B} T={T} {name}: {m}"
+                )
+
+
+@pytest.mark.parametrize(
+    "device,backend",
+    [pytest.param("cpu", "auto", id="cpu-auto"), pytest.param("cuda", "cuda", marks=requires_cuda, id="cuda-cuda")],
+)
+def test_compile_dynamic_hidden_size_no_recompile(device, backend):
+    # The C++/CUDA ops do not specialise on H either. (The Triton kernels do: BLOCK_H is a
+    # compile-time constant, so each new H compiles once.)
+    gen = _gen("dynamic_h", device, backend)
+    module = polynorm.PolyNorm(backend=backend, device=device)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for M, hidden in [(3, 16), (5, 40), (2, 769)]:
+            x = _randn((M, hidden), device, gen, torch.bfloat16).requires_grad_(True)
+            y = compiled(x)
+            assert torch.equal(y, module(x))
+            y.sum().backward()
+
+
+_GPU_PATH_CHILD = """
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import polynorm
+from polynorm import triton_kernels
+
+assert not triton_kernels._interpreted(), "TRITON_INTERPRET must be unset"
+graphs = []
+
+
+class Traced(Exception):
+    pass
+
+
+def capture(gm, example_inputs):  # keeps the traced graph; there is no GPU to run it on
+    graphs.append(gm)
+
+    def run(*args):
+        raise Traced
+
+    return run
+
+
+block = torch.nn.Sequential(torch.nn.Linear(16, 64), polynorm.PolyNorm(backend="triton"))
+backend = aot_autograd(fw_compiler=capture, bw_compiler=capture)
+compiled = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
+with torch._dynamo.config.patch(error_on_recompile=True):
+    # M = 3 * rows: the backward's persistent grid reaches its cap (32 programs here) at 1024.
+    for rows in (5, 7, 300, 3000):
+        try:
+            compiled(torch.randn(rows, 3, 16))
+        except Traced:
+            pass
+wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
+launches = [sum(node.target is wrapper for node in gm.graph.nodes) for gm in graphs]
+print("LAUNCHES", launches)
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the CUDA cases compile and run the Triton ops themselves")
+@requires_triton
+def test_triton_gpu_path_traces_with_dynamic_batch():
+    # On a GPU the Triton ops are triton_ops: torch.compile traces their Python body with
+    # symbolic shapes and records each kernel launch. That tracing needs no GPU, so this
+    # CPU-only check runs it in a process without the interpreter (the tensors are fake
+    # while tracing; the captured graphs are not run): one graph for the forward with one
+    # launch, one for the backward with two, and no recompile as M grows.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    child = subprocess.run(
+        [sys.executable, "-c", _GPU_PATH_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert "LAUNCHES [1, 2]" in child.stdout, child.stdout + child.stderr
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA graphs
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device,backend", CUDA_KERNEL_CASES)
+def test_reduce_overhead_training_step(device, backend):
+    # mode="reduce-overhead" records the compiled forward and backward as CUDA graphs;
+    # a few SGD steps track eager ones.
+    from torch._dynamo.utils import counters
+
+    gen = _gen("reduce_overhead", backend)
+    block_e = Block(backend, device, gen)
+    block_c = copy.deepcopy(block_e)
+    compiled = torch.compile(block_c, mode="reduce-overhead", fullgraph=True)
+    opt_e = torch.optim.SGD(block_e.parameters(), lr=0.1)
+    opt_c = torch.optim.SGD(block_c.parameters(), lr=0.1)
+    counters.clear()
+    for step in range(5):  # the first calls warm up, then the graphs are recorded and replayed
+        x = _randn((4, 32, H_IN), device, gen)
+        g = _randn((4, 32, H_IN), device, gen)
+        torch.compiler.cudagraph_mark_step_begin()
+        out_c = compiled(x)
+        out_c.backward(g)
+        out_e = block_e(x)
+        out_e.backward(g)
+        # out_c lives in the graph's memory pool: compared before the next step overwrites it.
+        torch.testing.assert_close(out_c.detach(), out_e.detach(), msg=lambda m: f"step {step}: {m}")
+        for (name, p_c), p_e in zip(block_c.named_parameters(), block_e.parameters()):
+            torch.testing.assert_close(p_c.grad, p_e.grad, msg=lambda m: f"step {step} grad of {name}: {m}")
+        opt_c.step()
+        opt_e.step()
+        opt_c.zero_grad(set_to_none=True)
+        opt_e.zero_grad(set_to_none=True)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+@pytest.mark.parametrize("device,backend", CUDA_KERNEL_CASES)
+def test_cuda_graph_capture_module_forward_backward(device, backend):
+    # A manual torch.cuda.CUDAGraph of the module's forward and autograd backward replays
+    # on new data copied into the static inputs. (tests/test_kernels.py captures the raw
+    # C++ ops; this goes through PolyNorm and autograd, for both GPU backends.)
+    gen = _gen("cuda_graph", backend)
+    module = polynorm.PolyNorm(backend=backend, device=device)
+    w, b = make_params(torch.float32, device, gen)
+    with torch.no_grad():
+        module.weight.copy_(w)
+        module.bias.copy_(b)
+    static_x = make_rows(64, 1024, torch.bfloat16, device, "contiguous", gen).requires_grad_(True)
+    static_g = make_rows(64, 1024, torch.bfloat16, device, "contiguous", gen)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):  # warm-up outside the capture (Triton compiles its kernels here)
+            module(static_x).backward(static_g)
+    torch.cuda.current_stream().wait_stream(stream)
+    static_x.grad = module.weight.grad = module.bias.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = module(static_x)
+        static_y.backward(static_g)
+    for _ in range(2):
+        x_new = make_rows(64, 1024, torch.bfloat16, device, "contiguous", gen)
+        g_new = make_rows(64, 1024, torch.bfloat16, device, "contiguous", gen)
+        with torch.no_grad():
+            static_x.copy_(x_new)
+            static_g.copy_(g_new)
+        graph.replay()
+        x_e = x_new.clone().requires_grad_(True)
+        w_e, b_e = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+        y_e = polynorm.poly_norm(x_e, w_e, b_e, module.eps, backend=backend)
+        y_e.backward(g_new)
+        assert torch.equal(static_y, y_e)
+        assert torch.equal(static_x.grad, x_e.grad)
+        assert torch.equal(module.weight.grad, w_e.grad)
+        assert torch.equal(module.bias.grad, b_e.grad)
+
+
+# ---------------------------------------------------------------------------------------
+# torch.export and AOTInductor
+# ---------------------------------------------------------------------------------------
+
+
+def _export_block(device, backend, gen):
+    block = Block(backend, device, gen)
+    x = _randn((2, 5, H_IN), device, gen)
+    dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("seq", min=1, max=4096)}
+    return block, torch.export.export(block, (x,), dynamic_shapes=(dims,))
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_export(device, backend):
+    # The exported program keeps polynorm's op as one node, serialises, and runs the same
+    # kernel as eager: bitwise the same output, for a batch and sequence other than traced.
+    gen = _gen("export", device, backend)
+    block, ep = _export_block(device, backend, gen)
+    targets = _graph_targets(ep.graph_module)
+    if backend in GRAPH_OPS:
+        assert GRAPH_OPS[backend] in targets, targets
+    buffer = io.BytesIO()
+    torch.export.save(ep, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    with torch.no_grad():
+        for B, T in [(2, 5), (3, 17)]:
+            x = _randn((B, T, H_IN), device, gen)
+            expected = block(x)
+            assert torch.equal(ep.module()(x), expected), (B, T)
+            assert torch.equal(loaded.module()(x), expected), (B, T)
+
+
+_AOTI_CHILD = """
+import sys
+import torch
+
+path, inputs = sys.argv[1], sys.argv[2]
+x, expected = torch.load(inputs)
+try:  # without polynorm's library: the package's call to polynorm::forward has no op to find
+    torch._inductor.aoti_load_package(path)(x)
+    print("WITHOUT_IMPORT: ran")
+except RuntimeError as error:
+    print("WITHOUT_IMPORT:", " ".join(str(error).split()))
+import polynorm  # registers torch.ops.polynorm.*: now the package loads and runs
+model = torch._inductor.aoti_load_package(path)
+with torch.no_grad():
+    torch.testing.assert_close(model(x), expected)
+print("WITH_IMPORT: match")
+"""
+
+
+@pytest.mark.parametrize(
+    "device,backend",
+    [
+        pytest.param("cpu", "auto", id="cpu-auto"),
+        pytest.param(
+            "cpu",
+            "triton",
+            marks=pytest.mark.skip(
+                reason="under the interpreter the Triton op is an opaque Python custom op: an AOTInductor "
+                "package can only call it back in a Python process, so nothing of the GPU path (the "
+                "kernels compiled into the package) is exercised; cuda-triton covers it"
+            ),
+            id="cpu-triton",
+        ),
+    ]
+    + CUDA_KERNEL_CASES,
+)
+def test_aoti_package(device, backend, tmp_path):
+    # AOTInductor compiles the exported program into a package; loaded, it matches eager
+    # for a new batch and sequence length. The C++ ops are called by name from the package:
+    # polynorm's library must be loaded (import polynorm) before aoti_load_package, which a
+    # fresh process without it shows.
+    gen = _gen("aoti", device, backend)
+    block, ep = _export_block(device, backend, gen)
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
+    model = torch._inductor.aoti_load_package(path)
+    with torch.no_grad():
+        for B, T in [(2, 5), (3, 17)]:
+            x = _randn((B, T, H_IN), device, gen)
+            torch.testing.assert_close(model(x), block(x), msg=lambda m: f"B={B} T={T}: {m}")
+        x = _randn((4, 9, H_IN), device, gen)
+        torch.save((x, block(x)), tmp_path / "inputs.pt")
+    child = subprocess.run(
+        [sys.executable, "-c", _AOTI_CHILD, path, str(tmp_path / "inputs.pt")],
+        cwd=ROOT,  # `import polynorm` finds this checkout
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 0, child.stdout + child.stderr
+    if backend != "triton":  # the package calls the C++ op by name (Triton kernels may be compiled in)
+        assert "Could not find schema for polynorm::forward" in child.stdout, child.stdout
+    assert "WITH_IMPORT: match" in child.stdout, child.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Autocast
+# ---------------------------------------------------------------------------------------
+
+
+def _autocast_model(device, backend, gen) -> nn.Sequential:
+    """Linear(H_IN, H) then PolyNorm, all parameters fp32."""
+    up = nn.Linear(H_IN, H, device=device)
+    act = polynorm.PolyNorm(backend=backend, device=device)
+    with torch.no_grad():
+        for p in (up.weight, up.bias):
+            p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(H_IN))
+        w, b = make_params(torch.float32, device, gen)
+        act.weight.copy_(w)
+        act.bias.copy_(b)
+    return nn.Sequential(up, act)
+
+
+def _linear_then_polynorm(model: nn.Sequential):
+    up, act = model
+
+    def forward(x):
+        h = up(x)
+        return h, act(h)
+
+    return forward
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_autocast_bf16(device, backend):
+    # Policy: the polynorm ops are not autocast ops. PolyNorm takes the activation in the
+    # dtype it arrives in (bf16 from an autocast Linear), returns y in that dtype, and reads
+    # the fp32 parameters as they are: their gradients are fp32. The kernels accumulate in
+    # fp32 whatever the input dtype, so an fp32 cast would only double the memory traffic.
+    gen = _gen("autocast", device, backend)
+    model = _autocast_model(device, backend, gen)
+    act = model[1]
+    x = _randn((2, 7, H_IN), device, gen)
+    g = _randn((2, 7, H), device, gen, torch.bfloat16)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        h, y = _linear_then_polynorm(model)(x)
+    h.retain_grad()
+    y.backward(g)
+    assert h.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.dtype == torch.float32, name
+    # The same op outside autocast, on the same bf16 activation: the same bits.
+    w, b = act.weight.detach(), act.bias.detach()
+    h_ = h.detach().clone().requires_grad_(True)
+    w_, b_ = w.clone().requires_grad_(True), b.clone().requires_grad_(True)
+    y_ = polynorm.poly_norm(h_, w_, b_, act.eps, backend=backend)
+    y_.backward(g)
+    assert torch.equal(y.detach(), y_.detach())
+    assert torch.equal(h.grad, h_.grad)
+    assert torch.equal(act.weight.grad, w_.grad) and torch.equal(act.bias.grad, b_.grad)
+    if backend != "reference":
+        out = Grads(y.detach(), h.grad, act.weight.grad, act.bias.grad)
+        check_against_oracle(out, h.detach(), g, w, b, act.eps, what=f"autocast {device} {backend}")
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_autocast_bf16_compiled(device, backend):
+    # The same policy inside a compiled graph: autocast around a torch.compile'd
+    # Linear -> PolyNorm gives bf16 y, fp32 parameter gradients, and matches eager autocast.
+    gen = _gen("autocast_compiled", device, backend)
+    model_e = _autocast_model(device, backend, gen)
+    model_c = copy.deepcopy(model_e)
+    x = _randn((2, 7, H_IN), device, gen)
+    g = _randn((2, 7, H), device, gen, torch.bfloat16)
+    compiled = torch.compile(_linear_then_polynorm(model_c), fullgraph=True)
+    with torch.autocast(device_type=device, dtype=torch.bfloat16):
+        h_e, y_e = _linear_then_polynorm(model_e)(x)
+        h_c, y_c = compiled(x)
+    y_e.backward(g)
+    y_c.backward(g)
+    assert h_c.dtype == torch.bfloat16 and y_c.dtype == torch.bfloat16
+    act = model_c[1]
+    y_op = polynorm.poly_norm(h_c.detach(), act.weight.detach(), act.bias.detach(), act.eps, backend=backend)
+    if backend == "reference":
+        torch.testing.assert_close(y_c.detach(), y_op)  # Inductor fuses the reference's ops
+    else:
+        assert torch.equal(y_c.detach(), y_op)  # the op ran on the bf16 activation, unchanged
+    torch.testing.assert_close(y_c.detach(), y_e.detach())
+    for (name, p_c), p_e in zip(model_c.named_parameters(), model_e.parameters()):
+        assert p_c.grad.dtype == torch.float32, name
+        torch.testing.assert_close(p_c.grad, p_e.grad, msg=lambda m: f"grad of {name}: {m}")
+
+
+# ---------------------------------------------------------------------------------------
+# opcheck: AOT dispatch of the Triton ops under the interpreter
+# ---------------------------------------------------------------------------------------
+
+
+@requires_triton
+@requires_interpreter
+def test_triton_opcheck_aot_dispatch_interpreter():
+    # Under the interpreter the Triton ops are opaque custom ops, so an AOT-traced graph
+    # calls them and runs the kernels (test_triton.py runs the other opcheck tests here,
+    # and all of them on the GPU).
+    samples = [((4, 33), torch.float32), ((2, 3, 40), torch.bfloat16), ((5, 17), torch.float64)]
+    for i, (shape, dtype) in enumerate(samples):
+        gen = _gen("opcheck", i)
+        M, hidden = math.prod(shape[:-1]), shape[-1]
+        x = make_rows(M, hidden, dtype, "cpu", "contiguous", gen).reshape(shape)
+        g = make_rows(M, hidden, dtype, "cpu", "contiguous", gen).reshape(shape)
+        w, b = make_params(torch.float32, "cpu", gen)
+        for requires_grad in (False, True):
+            args = (x.clone().requires_grad_(requires_grad), w.clone().requires_grad_(requires_grad), b, 1e-6)
+            torch.library.opcheck(
+                torch.ops.polynorm.forward_triton.default, args, test_utils="test_aot_dispatch_dynamic"
+            )
+        _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+        torch.library.opcheck(
+            torch.ops.polynorm.backward_triton.default, (g, x, w, rstd), test_utils="test_aot_dispatch_dynamic"
+        )
