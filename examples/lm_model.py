@@ -1,0 +1,196 @@
+"""A small decoder-only transformer whose MLPs use PolyNorm, in plain PyTorch.
+
+PolyNorm is the activation of Zhuo et al., "Polynomial Composition Activations: Unleashing
+the Dynamics of Large Language Models", arXiv:2411.03884::
+
+    y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b,  norm(u) = u / sqrt(mean(u^2) + eps)
+
+over the last dimension H (here the MLP's intermediate size). The MLP comes in the two forms
+used in practice:
+
+- ``"polycom"``: ``down(PolyNorm(up(x)))``, the PolyCom MLP of the paper, intermediate 4x;
+- ``"gated"``: ``down(PolyNorm(gate(x)) * up(x))``, the gated form of Motif's LLMs,
+  intermediate 8/3x (rounded to a multiple of 32) so both forms have about the same size.
+
+Everything else is a GPT-2 style pre-norm block: LayerNorm, causal multi-head attention
+through ``F.scaled_dot_product_attention``, learned positions, a head tied to the byte
+embedding, no dropout (training consumes no random numbers, so runs are replayable).
+"""
+
+import importlib
+import inspect
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+import polynorm
+
+__all__ = ["ModelConfig", "TinyLM", "make_poly_norm", "liger_available"]
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256  # bytes
+    n_layer: int = 2
+    hidden_size: int = 64
+    n_head: int = 4
+    seq_len: int = 64
+    mlp: str = "polycom"  # "polycom" or "gated"
+    intermediate_size: int | None = None  # default: 4 * hidden (polycom), 8/3 * hidden (gated)
+    eps: float = 1e-6  # PolyNorm's eps
+
+    def __post_init__(self) -> None:
+        if self.mlp not in ("polycom", "gated"):
+            raise ValueError(f"ModelConfig: expected mlp 'polycom' or 'gated', got {self.mlp!r}")
+        if self.hidden_size % self.n_head:
+            raise ValueError(
+                f"ModelConfig: expected hidden_size divisible by n_head={self.n_head}, got {self.hidden_size}"
+            )
+        if self.intermediate_size is None:
+            if self.mlp == "polycom":
+                self.intermediate_size = 4 * self.hidden_size
+            else:
+                self.intermediate_size = max(32, round(8 * self.hidden_size / 3 / 32) * 32)
+
+
+def _liger_function():
+    """Liger-Kernel's PolyNorm autograd function and whether it takes ``in_place``; or None and why not."""
+    try:
+        import liger_kernel  # noqa: F401
+    except ImportError as error:
+        return None, False, f"liger_kernel is not installed ({type(error).__name__}: {error})"
+    errors = []
+    for name in ("liger_kernel.ops.poly_norm", "liger_kernel.ops"):
+        try:
+            fn = importlib.import_module(name).LigerPolyNormFunction
+        except (ImportError, AttributeError) as error:
+            errors.append(f"{name}: {type(error).__name__}: {error}")
+            continue
+        return fn, "in_place" in inspect.signature(fn.forward).parameters, ""
+    return None, False, "; ".join(errors)
+
+
+def liger_available() -> tuple[bool, str]:
+    """Whether Liger-Kernel's PolyNorm imports, and why not."""
+    fn, _, why = _liger_function()
+    return fn is not None, why
+
+
+class LigerBackedPolyNorm(polynorm.PolyNorm):
+    """``polynorm.PolyNorm``'s parameters (same names, shapes, init) run through Liger's kernel.
+
+    Liger's bias is 0-d, so it gets a 0-d view of ours. ``in_place=False`` (where the installed
+    version has the argument) leaves the incoming gradient intact.
+    """
+
+    def __init__(self, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__(eps=eps, device=device, dtype=dtype, backend="reference")
+        self.backend = "liger"
+        self._fn, self._has_in_place, why = _liger_function()
+        if self._fn is None:
+            raise RuntimeError(f"LigerBackedPolyNorm: expected liger_kernel's PolyNorm to import, got {why}")
+
+    def forward(self, x: Tensor) -> Tensor:
+        extra = (False,) if self._has_in_place else ()
+        return self._fn.apply(x, self.weight, self.bias.view(()), self.eps, *extra)
+
+
+def make_poly_norm(backend: str, eps: float) -> nn.Module:
+    """A PolyNorm activation: ``polynorm.PolyNorm(backend=...)``, or Liger's kernel for ``"liger"``."""
+    if backend == "liger":
+        return LigerBackedPolyNorm(eps)
+    return polynorm.PolyNorm(eps, backend=backend)
+
+
+class PolyComMLP(nn.Module):
+    """``down(PolyNorm(up(x)))`` (PolyCom, arXiv:2411.03884)."""
+
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.act = make_poly_norm(backend, config.eps)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.up(x)))
+
+
+class GatedPolyMLP(nn.Module):
+    """``down(PolyNorm(gate(x)) * up(x))`` (Motif's gated PolyNorm MLP)."""
+
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.act = make_poly_norm(backend, config.eps)
+        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(self.act(self.gate(x)) * self.up(x))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size, bias=False)
+        self.proj = nn.Linear(config.hidden_size, config.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_head, C // self.n_head).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, n_head, T, C / n_head)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig, backend: str) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.hidden_size)
+        self.attn = CausalSelfAttention(config)
+        self.ln2 = nn.LayerNorm(config.hidden_size)
+        self.mlp = (PolyComMLP if config.mlp == "polycom" else GatedPolyMLP)(config, backend)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class TinyLM(nn.Module):
+    """Byte-level decoder-only transformer; ``backend`` picks every PolyNorm's kernel."""
+
+    def __init__(self, config: ModelConfig, backend: str = "reference") -> None:
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.wpe = nn.Embedding(config.seq_len, config.hidden_size)
+        self.blocks = nn.ModuleList(Block(config, backend) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.hidden_size)
+        self.head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.head.weight = self.wte.weight  # tied
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """GPT-2 init: N(0, 0.02), residual outputs scaled by 1/sqrt(2 n_layer); PolyNorm's own init."""
+        residual_std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=residual_std if name.endswith(("proj.weight", "down.weight")) else 0.02)
+        for m in self.modules():
+            if isinstance(m, (nn.LayerNorm, polynorm.PolyNorm)):
+                m.reset_parameters()
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
+        """Logits ``(B, T, 256)``, or the mean next-byte cross-entropy (nats) given targets."""
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
