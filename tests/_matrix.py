@@ -7,7 +7,9 @@ and the same dtype-derived tolerances.
 """
 
 import hashlib
+import importlib.util
 import math
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +22,22 @@ DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 HAS_CUDA = torch.cuda.is_available()
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device (torch.cuda.is_available() is False)")
 DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
+# Triton runs CPU tensors only in its interpreter, which conftest.py turns on when there is
+# no CUDA device (it must be chosen before polynorm is imported).
+requires_interpreter = pytest.mark.skipif(
+    not INTERPRET,
+    reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)",
+)
+# (device, backend) pairs that run a kernel of this project, for the shared matrix.
+BACKENDS = [
+    ("cpu", "auto"),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
+    pytest.param("cuda", "cuda", marks=requires_cuda),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
+]
 
 # Layouts of x (and grad_y) that every backend must accept.
 # - contiguous: a fresh (M, H) tensor.

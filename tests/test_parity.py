@@ -1,39 +1,21 @@
 """Every backend against the float64 oracle, over one shared matrix of shapes, dtypes and layouts."""
 
-import importlib.util
-import os
-
 import pytest
 import torch
 
 from _matrix import (
+    BACKENDS,
     DTYPES,
     LAYOUTS,
     check_against_oracle,
     make_params,
     make_rows,
     requires_cuda,
+    requires_triton,
     run_backend,
     seed_for,
 )
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
-# Triton runs CPU tensors only in its interpreter, which tests/conftest.py turns on when
-# there is no CUDA device (it must be chosen before polynorm is imported).
-requires_interpreter = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET") != "1",
-    reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)",
-)
-
-# (device, backend) pairs that run a kernel of this project. The CPU kernel and the Triton
-# kernels under the interpreter run in CI.
-BACKENDS = [
-    ("cpu", "auto"),
-    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
-    pytest.param("cuda", "cuda", marks=requires_cuda),
-    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
-]
 TRITON_BACKENDS = [p for p in BACKENDS if getattr(p, "values", p)[1] == "triton"]
 
 CPU_H = [1, 2, 3, 8, 127, 769, 4096, 5125]

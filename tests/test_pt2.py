@@ -32,16 +32,19 @@ import torch._inductor.config
 from torch import nn
 
 import polynorm
-from _matrix import Grads, HAS_CUDA, check_against_oracle, make_params, make_rows, requires_cuda, seed_for
+from _matrix import (
+    HAS_CUDA,
+    Grads,
+    check_against_oracle,
+    make_params,
+    make_rows,
+    requires_cuda,
+    requires_interpreter,
+    requires_triton,
+    seed_for,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-HAS_TRITON = polynorm.ops._triton_kernels is not None
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")
-requires_interpreter = pytest.mark.skipif(
-    not INTERPRET,
-    reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)",
-)
 
 KERNEL_CASES = [
     pytest.param("cpu", "auto", id="cpu-auto"),

@@ -5,12 +5,12 @@ On a machine without CUDA the Triton kernels run on CPU tensors in Triton's inte
 """
 
 import math
-import os
 
 import pytest
 import torch
 
 from _matrix import (
+    INTERPRET,
     DTYPES,
     HAS_CUDA,
     check_against_oracle,
@@ -18,6 +18,7 @@ from _matrix import (
     make_params,
     make_rows,
     requires_cuda,
+    requires_interpreter,
     seed_for,
 )
 
@@ -25,10 +26,6 @@ triton_kernels = pytest.importorskip("polynorm.triton_kernels", reason="needs th
 
 import polynorm  # noqa: E402
 
-INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-requires_interpreter = pytest.mark.skipif(
-    not INTERPRET, reason="Triton runs CPU tensors only under TRITON_INTERPRET=1 (conftest sets it when CUDA is absent)"
-)
 DEVICES = [pytest.param("cpu", marks=requires_interpreter), pytest.param("cuda", marks=requires_cuda)]
 
 
