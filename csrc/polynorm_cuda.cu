@@ -1,19 +1,21 @@
 // CUDA kernels for polynorm::forward and polynorm::backward.
 //
-// Layout of the work
-// - A "row group" of G threads (a power of two, 1..1024) owns one row. A block holds
-//   R = max(1, 256 / G) row groups, each on its own row, as blockDim = (G, R).
-// - A row is cut into 16-byte packs of VEC = 16 / sizeof(scalar_t) elements. Lane t of
-//   a group owns packs t, t + G, t + 2G, ... so each warp-wide access is coalesced.
-// - Rows of up to G * kMaxPacks packs stay in registers between the statistics pass
-//   and the output pass: x is read from device memory once (x and grad_y in backward).
-//   Longer rows are walked twice in tiles of that size; the second walk mostly hits L2.
-// - Every per-thread sum runs over the packs in the same order and the group reduction
-//   has a fixed shape, both set by (H, dtype) alone: a row's result is bitwise the same
-//   whatever batch or alignment it comes in. A pack is read with one 16-byte access
-//   when the row pointer and row stride allow it, else element by element; the
-//   arithmetic, and so the bits, are the same either way.
-// - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs).
+// Three kernel families, chosen by H and the dtype alone (so a row's bits never depend on
+// its batch or on M):
+// - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row of up to 1024 * kPacks 16-byte
+//   packs (bf16: H <= 65536 forward, 32768 backward) is held in registers by G threads,
+//   read from device memory once; see "Row kernels (v4)" below. Almost every model runs here.
+// - Staged kernels (poly_norm_{fwd,bwd}_kernel): longer rows whose one-row stage still
+//   fits in shared memory, copied in with cp.async.
+// - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row, walked twice.
+// Common to all:
+// - Lane t of a row's group of G threads owns packs t, t + G, ..., so every warp access is
+//   coalesced; each per-thread sum runs over its packs in order and the group reduction
+//   has a fixed shape, set by (H, dtype): results are bitwise the same whatever the batch,
+//   the alignment of the row, or the run.
+// - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
+//   64-bit; dW and dB come from per-block partials reduced in a fixed order, no atomics.
+// bench/NOTES.md records each version's prediction and measured outcome.
 #include "polynorm.h"
 
 #include <ATen/Dispatch.h>
@@ -24,9 +26,15 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
 
 namespace polynorm {
 namespace {
@@ -111,6 +119,29 @@ struct PackOf {
     }
   }
   __device__ static at::opmath_type<scalar_t> value(const Pack& p, int e) { return Elem<scalar_t>::to_acc(get(p, e)); }
+  // Rounds and stores element e of every pack from f(e): two 16-bit elements a word with
+  // one paired conversion (cvt.rn.bf16x2.f32 / f16x2) instead of two and a merge.
+  template <typename F>
+  __device__ static Pack make(F f) {
+    Pack out;
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __half2 v = __floats2half2_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) set(out, e, Elem<scalar_t>::from_acc(f(e)));
+    }
+    return out;
+  }
 };
 
 // A weight or bias element of any float dtype, read on the device so that no host
@@ -471,9 +502,9 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   const acc_t c1 = load_param<acc_t>(weight, 2) * r1;
   const acc_t c2 = acc_t(2) * load_param<acc_t>(weight, 1) * r2;
   const acc_t c3 = acc_t(3) * load_param<acc_t>(weight, 0) * r3;
-  const acc_t d1 = c1 * r1 * r1 * s[0] * inv_h;
-  const acc_t d2 = c2 * r2 * r2 * s[1] * inv_h;
-  const acc_t d3 = c3 * r3 * r3 * s[2] * inv_h;
+  const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
+  const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+  const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
 
   auto output = [&](const Pack& xp, const Pack& gp) {
     Pack out;
@@ -851,9 +882,9 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
       part[2] += r1 * s[0];
       part[3] += s[3];
       const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
-      const acc_t d1 = c1 * r1 * r1 * s[0] * inv_h;
-      const acc_t d2 = c2 * r2 * r2 * s[1] * inv_h;
-      const acc_t d3 = c3 * r3 * r3 * s[2] * inv_h;
+      const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
+      const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+      const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
       for (int64_t p = lane; p < packs; p += G) {
         const Pack xp = xs.pack(p);
         const Pack gp = gs.pack(p);
@@ -916,6 +947,402 @@ __global__ void poly_norm_bwd_param_kernel(const acc_t* __restrict__ partials,  
     } else {
       store_param(grad_bias, out_dtype, 0, total);
     }
+  }
+}
+
+// ----------------------------------------------------------------------------------
+// Row kernels (v4): a row held in registers by G threads with few threads a row and
+// many bytes a thread (kPacks 16-byte packs: 128 bytes of x forward, 64 of x and 64 of
+// grad_y backward), so that an SM keeps ~128 KB of loads in flight with no barrier
+// but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
+// every row of up to 1024 * kPacks packs.
+// - Lane t of a group owns packs t, t + G, ..., so every warp access is coalesced.
+// - A persistent grid walks blocks of R = threads / G rows.
+// - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned
+//   16-byte chunks: a lane's pack is realigned from its chunk and the next one, which
+//   the next lane holds (a shuffle); the last lane of a warp segment fetches its next
+//   chunk itself through cp.async into a shared-memory slot. Stores go the other way.
+//   The packs, and so the arithmetic and the bits, are the same as for aligned rows.
+// ----------------------------------------------------------------------------------
+
+constexpr int kRowFwdPacks = 8;    // 128 bytes of x per thread
+constexpr int kRowBwdPacks = 4;    // 64 bytes each of x and grad_y per thread
+constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
+constexpr int kRowMaxThreads = 1024;
+// Blocks of the <= 256-thread builds that must fit an SM at once: 3 caps them at 80
+// registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
+#ifndef POLYNORM_ROW_MIN_BLOCKS
+#define POLYNORM_ROW_MIN_BLOCKS 3
+#endif
+
+__device__ __forceinline__ Pack shfl_down_pack(const Pack& v, int width) {
+  return make_uint4(__shfl_down_sync(0xffffffffu, v.x, 1, width), __shfl_down_sync(0xffffffffu, v.y, 1, width),
+                    __shfl_down_sync(0xffffffffu, v.z, 1, width), __shfl_down_sync(0xffffffffu, v.w, 1, width));
+}
+__device__ __forceinline__ Pack shfl_up_pack(const Pack& v, int width) {
+  return make_uint4(__shfl_up_sync(0xffffffffu, v.x, 1, width), __shfl_up_sync(0xffffffffu, v.y, 1, width),
+                    __shfl_up_sync(0xffffffffu, v.z, 1, width), __shfl_up_sync(0xffffffffu, v.w, 1, width));
+}
+
+// Where the group's lanes stand: G threads a row, W = min(G, 32) lanes a warp segment.
+struct RowLane {
+  int lane;      // 0..G-1
+  int G;
+  int W;
+  bool seg_first;
+  bool seg_last;
+};
+
+// Loads a row's packs into registers in two steps, so that the loads of several rows
+// (x and grad_y) are in flight together: issue_row starts them, finish_row realigns.
+// Afterwards buf[i] = pack lane + i * G (zero past the row; elements past H inside the
+// last pack are garbage that the caller masks). `realign_rows`: some rows of the tensor
+// are not 16-byte aligned; `edge` is this warp segment's kPacks shared-memory slots
+// (used then only). finish_row needs cp_async_commit + cp_async_wait<0> before it.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
+                                          bool realign_rows, Pack* edge) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
+  const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
+  // Chunks covering the row: P, or P + 1 when a misaligned row spills into one more.
+  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16) : P;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = rl.lane + i * rl.G;
+    buf[i] = p < chunks ? src[p] : make_uint4(0u, 0u, 0u, 0u);
+    if (realign_rows && rl.seg_last && p < P && p + 1 < chunks) cp_async16(edge + i, src + p + 1);
+  }
+}
+
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
+                                           bool realign_rows, const Pack* edge, bool mask_tail) {
+  using P = PackOf<scalar_t>;
+  if (realign_rows) {
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      Pack next = shfl_down_pack(buf[i], rl.W);  // every lane takes part
+      if (rl.seg_last) next = edge[i];  // unloaded slots hold bytes past the row: masked below
+      buf[i] = realign(buf[i], next, shift);
+    }
+  }
+  // Zero what lies past the row (packs past the end, the tail of a partial last pack),
+  // so that the sums need no per-element test. Without mask_tail the row is whole packs.
+  if (mask_tail) {
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.lane + i * rl.G;
+      if (p >= packs) {
+        buf[i] = make_uint4(0u, 0u, 0u, 0u);
+      } else if (p == packs - 1) {
+        const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
+#pragma unroll
+        for (int e = 1; e < P::kVec; ++e) {
+          if (e >= valid) P::set(buf[i], e, typename P::raw_t(0));
+        }
+      }
+    }
+  }
+}
+
+// Writes elements of `v` at byte offsets [lo, hi) of the 16-byte chunk `dst`.
+template <typename scalar_t>
+__device__ __forceinline__ void store_chunk_part(Pack* dst, const Pack& v, int lo, int hi) {
+  using P = PackOf<scalar_t>;
+  using raw_t = typename P::raw_t;
+  raw_t* out = reinterpret_cast<raw_t*>(dst);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    const int at = e * int(sizeof(raw_t));
+    if (at >= lo && at < hi) out[e] = P::get(v, e);
+  }
+}
+
+// Stores the packs of a row (the inverse of load_row). Without `realign_rows` every row
+// is 16-byte aligned and H is a multiple of the pack width.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPacks], int64_t H, const RowLane& rl,
+                                          bool realign_rows, bool active) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
+  if (!realign_rows) {
+    if (!active) return;
+    Pack* dst = reinterpret_cast<Pack*>(row);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.lane + i * rl.G;
+      if (p < P) dst[p] = out[i];
+    }
+    return;
+  }
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = static_cast<int>(addr & 15);
+  Pack* dst = reinterpret_cast<Pack*>(addr - shift);
+  const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));  // row end, in bytes from dst
+  const int chunks = (end + 15) / 16;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack prev = shfl_up_pack(out[i], rl.W);  // every lane takes part
+    const int p = rl.lane + i * rl.G;
+    if (!active || p >= P) continue;
+    // Chunk p holds the last `shift` bytes of pack p - 1, then the first 16 - shift of
+    // pack p. The first lane of a segment has no pack p - 1: its owner writes that tail.
+    const int lo = (shift != 0 && rl.seg_first) ? shift : 0;
+    const int hi = min(16, end - 16 * p);
+    const Pack chunk = shift == 0 ? out[i] : realign(prev, out[i], 16 - shift);
+    if (lo == 0 && hi == 16) {
+      dst[p] = chunk;
+    } else {
+      store_chunk_part<scalar_t>(dst + p, chunk, lo, hi);
+    }
+    if (shift != 0 && (rl.seg_last || p == P - 1) && p + 1 < chunks) {
+      // This pack's tail: the first `shift` bytes of chunk p + 1.
+      store_chunk_part<scalar_t>(dst + p + 1, realign(out[i], out[i], 16 - shift), 0,
+                                 min(shift, end - 16 * (p + 1)));
+    }
+  }
+}
+
+// Sums N values over the G lanes of each row group; every lane gets the total. Inside
+// a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
+// double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
+// adds the warp totals in warp order. The tree depends only on G.
+template <int N, typename acc_t>
+__device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (rl.G > 32) {
+    const int warps = rl.G / 32;
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) red[warp][k] = v[k];
+    }
+    __syncthreads();
+    acc_t(*group_red)[N] = red + (warp / warps) * warps;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_red[0][k];
+      for (int w = 1; w < warps; ++w) total += group_red[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+__device__ __forceinline__ RowLane row_lane(int G) {
+  const int lane = threadIdx.x % G;
+  const int W = G < 32 ? G : 32;
+  return RowLane{lane, G, W, lane % W == 0, lane % W == W - 1};
+}
+
+// Forward, row kernel. blockDim.x = R * G; dynamic shared memory: kPacks slots per warp
+// segment when x_realign.
+template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_fwd_row_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,                            // some x rows are not 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_realign_arg,                            // y rows are not all aligned, or H % VEC != 0
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    int64_t M,
+    int64_t H,
+    double eps,
+    int G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack edge_slots[];
+  __shared__ acc_t red[2][kRowMaxThreads / 32][3];
+  // kRealign = false: every row aligned, H a multiple of the pack width; the
+  // compiler then drops the realignment code and its registers.
+  const bool x_realign = kRealign && x_realign_arg;
+  const bool y_realign = kRealign && y_realign_arg;
+
+  const RowLane rl = row_lane(G);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  Pack* edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+
+  int parity = 0;
+  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;  // inactive groups read row 0 and join the barriers
+    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    Pack buf[kPacks];
+    issue_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge);
+    if (x_realign) {
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    finish_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge, kRealign);
+
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, buf holds zeros
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(buf[i], k);
+        const acc_t v2 = v * v;
+        s[0] += v2;
+        s[1] += v2 * v2;
+        s[2] += v2 * v2 * v2;
+      }
+    }
+    row_reduce<3>(s, red[parity], rl);
+
+    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    if (active && rl.lane == 0) {
+      rstd[row * 3 + 0] = r3;
+      rstd[row * 3 + 1] = r2;
+      rstd[row * 3 + 2] = r1;
+    }
+    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(buf[i]);
+      const Pack in = buf[i];
+      buf[i] = P::make([&](int k) {
+        const acc_t v = P::value(in, k);
+        return v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
+      });
+    }
+    store_row<scalar_t, kPacks>(y + (active ? row : 0) * H, buf, H, rl, y_realign, active);
+  }
+}
+
+// Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
+// reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
+template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_bwd_row_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_realign_arg,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_realign_arg,
+    at::opmath_type<scalar_t>* __restrict__ partials,    // [gridDim.x, 4] opmath
+    int64_t M,
+    int64_t H,
+    int G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack edge_slots[];
+  __shared__ acc_t red[2][kRowMaxThreads / 32][4];
+  __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
+  const bool x_realign = kRealign && x_realign_arg;  // as in forward
+  const bool g_realign = kRealign && g_realign_arg;
+  const bool dx_realign = kRealign && dx_realign_arg;
+
+  const RowLane rl = row_lane(G);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  const int segments = blockDim.x / rl.W;
+  Pack* x_edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
+  Pack* g_edge = x_edge + segments * kPacks;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+
+  acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  int parity = 0;
+  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;
+    const int64_t r = active ? row : 0;
+    acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+    if (active) {  // issued before the row's loads complete
+      r3 = rstd[row * 3 + 0];
+      r2 = rstd[row * 3 + 1];
+      r1 = rstd[row * 3 + 2];
+    }
+    const scalar_t* x_row = x + r * x_row_stride;
+    const scalar_t* g_row = grad_y + r * g_row_stride;
+    Pack xb[kPacks];
+    Pack gb[kPacks];
+    issue_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge);
+    issue_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge);
+    if (x_realign || g_realign) {
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    finish_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge, kRealign);
+    finish_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge, kRealign);
+
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, xb and gb hold zeros
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(xb[i], k);
+        const acc_t g = P::value(gb[i], k);
+        const acc_t gx = g * v;
+        s[0] += gx;
+        s[1] += gx * v;
+        s[2] += gx * v * v;
+        s[3] += g;
+      }
+    }
+    row_reduce<4>(s, red[parity], rl);
+
+    if (active) {
+      part[0] += r3 * s[2];
+      part[1] += r2 * s[1];
+      part[2] += r1 * s[0];
+      part[3] += s[3];
+    }
+    // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
+    // range for |x| ~ 3e4 or tiny rows with eps = 0.
+    const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
+    const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
+    const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+    const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(xb[i]);
+      keep_raw(gb[i]);
+      const Pack xp = xb[i], gp = gb[i];
+      xb[i] = P::make([&](int k) {
+        const acc_t v = P::value(xp, k);
+        const acc_t g = P::value(gp, k);
+        const acc_t v2 = v * v;
+        return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
+      });
+    }
+    store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
+  }
+
+  // The block's partial: its groups in order (each group's rows already in order).
+  if (rl.lane == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    acc_t total = group_part[0][threadIdx.x];
+    for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
+    partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
 }
 
@@ -996,6 +1423,70 @@ int64_t persistent_grid(Kernel kernel, const Plan& plan, int64_t stages) {
   return std::max<int64_t>(1, std::min<int64_t>(stages, int64_t(sms) * std::max(per_sm, 1)));
 }
 
+// Row kernels: G = the smallest power of two with G * kPacks >= the row's packs, so a
+// row is read once and held in registers; up to 1024 threads a row (bf16: H <= 65536
+// forward, 32768 backward). Blocks of max(G, 128) threads: 128-thread blocks keep up to
+// 16 blocks an SM resident when rows are short. The persistent grid is as many blocks
+// as fit at once (their register use caps it, ~64 a thread under the 1024-thread
+// bound), each walking rows gridDim apart. Only H and the dtype choose G, the tree of
+// the reduction; M only sets the grid, which no row's bits depend on.
+struct RowPlan {
+  bool ok;
+  int G;
+  int threads;
+};
+
+RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  int64_t G = 1;
+  while (G * packs_per_thread < packs) G *= 2;
+  if (G > kRowMaxThreads) return {false, 0, 0};
+  return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
+}
+
+// Shared memory for the edge slots of misaligned rows: kPacks per warp segment and tensor.
+size_t row_edge_smem(const RowPlan& plan, int packs_per_thread, int realigned_inputs) {
+  const int W = std::min(plan.G, 32);
+  return static_cast<size_t>(plan.threads / W) * packs_per_thread * 16 * realigned_inputs;
+}
+
+// Four builds of each row kernel: with or without the realignment code (misaligned
+// rows or odd H), and for blocks of up to 256 threads (free to use ~70-90 registers a
+// thread) or up to 1024 (capped at 64, where a few values spill to local memory).
+template <typename Kernel>
+Kernel row_kernel(const RowPlan& plan, bool realign, Kernel small, Kernel small_realign, Kernel large,
+                  Kernel large_realign) {
+  if (plan.threads <= 256) return realign ? small_realign : small;
+  return realign ? large_realign : large;
+}
+
+// The SM count and a kernel's resident blocks per SM, cached per device: querying them
+// takes microseconds, as long as a small kernel runs.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks = int64_t(sms) * std::max(per_sm, 1);
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+template <typename Kernel>
+int64_t row_grid(Kernel kernel, const RowPlan& plan, size_t smem, int64_t M) {
+  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_blocks(kernel, plan.threads, smem)));
+}
+
 std::tuple<at::Tensor, at::Tensor> poly_norm_forward_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                           const at::Tensor& bias, double eps) {
   check_forward_args(x, weight, bias, eps);
@@ -1012,6 +1503,22 @@ std::tuple<at::Tensor, at::Tensor> poly_norm_forward_cuda(const at::Tensor& x, c
     const scalar_t* x_ptr = rows.tensor.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = y.mutable_data_ptr<scalar_t>();
     const bool y_vec_ok = aligned16(y_ptr) && rows.H % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && rows.row_stride % kVec == 0;
+    const RowPlan row = row_plan(rows.H, sizeof(scalar_t), kRowFwdPacks);
+    if (row.ok) {
+      const bool realign = !x_vec_ok || !y_vec_ok;
+      const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kRowFwdPacks, false, 256>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kRowFwdPacks, true, 256>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kRowFwdPacks, false, kRowMaxThreads>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kRowFwdPacks, true, kRowMaxThreads>);
+      const size_t smem = x_vec_ok ? 0 : row_edge_smem(row, kRowFwdPacks, 1);
+      const int64_t grid = row_grid(kernel, row, smem, rows.M);
+      kernel<<<static_cast<unsigned>(grid), row.threads, smem, stream>>>(
+          x_ptr, rows.row_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
+          param_ref(bias), rows.M, rows.H, eps, row.G);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
     const Plan plan = staged_plan(rows.H, sizeof(scalar_t), 1, !y_vec_ok, dynamic_smem_limit());
     if (plan.staged) {
       const int64_t stages = (rows.M + plan.geo.rows - 1) / plan.geo.rows;
@@ -1024,7 +1531,7 @@ std::tuple<at::Tensor, at::Tensor> poly_norm_forward_cuda(const at::Tensor& x, c
       const dim3 block = tiled_block_shape(rows.H, kVec, kFwdPacks);
       const int64_t grid = (rows.M + block.y - 1) / block.y;
       poly_norm_fwd_tiled_kernel<scalar_t><<<static_cast<unsigned>(grid), block, 0, stream>>>(
-          x_ptr, rows.row_stride, aligned16(x_ptr) && rows.row_stride % kVec == 0, y_ptr, y_vec_ok,
+          x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok,
           rstd.mutable_data_ptr<acc_t>(), param_ref(weight), param_ref(bias), rows.M, rows.H, eps);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
@@ -1057,10 +1564,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
     scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
     const bool dx_vec_ok = aligned16(dx_ptr) && x_rows.H % kVec == 0;
     const auto acc_dtype = opmath_dtype(x.scalar_type());
-    const Plan plan = staged_plan(x_rows.H, sizeof(scalar_t), 2, !dx_vec_ok, dynamic_smem_limit());
+    const bool g_vec_ok = aligned16(g_ptr) && g_rows.row_stride % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && x_rows.row_stride % kVec == 0;
+    const RowPlan row = row_plan(x_rows.H, sizeof(scalar_t), kRowBwdPacks);
+    const Plan plan = row.ok ? Plan{} : staged_plan(x_rows.H, sizeof(scalar_t), 2, !dx_vec_ok, dynamic_smem_limit());
     at::Tensor partials;  // O(M) at most: one [4] entry per block
     int64_t blocks = 0;
-    if (plan.staged) {
+    if (row.ok) {
+      const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok;
+      const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kRowBwdPacks, false, 256>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kRowBwdPacks, true, 256>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kRowBwdPacks, false, kRowMaxThreads>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kRowBwdPacks, true, kRowMaxThreads>);
+      const size_t smem = (x_vec_ok && g_vec_ok) ? 0 : row_edge_smem(row, kRowBwdPacks, 2);
+      blocks = row_grid(kernel, row, smem, x_rows.M);
+      partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
+      kernel<<<static_cast<unsigned>(blocks), row.threads, smem, stream>>>(
+          g_ptr, g_rows.row_stride, !g_vec_ok, x_ptr, x_rows.row_stride, !x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
+          param_ref(weight), dx_ptr, !dx_vec_ok, partials.mutable_data_ptr<acc_t>(), x_rows.M, x_rows.H, row.G);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (plan.staged) {
       const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
       blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);
       partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
@@ -1073,8 +1596,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
       blocks = (x_rows.M + block.y - 1) / block.y;
       partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
       poly_norm_bwd_tiled_kernel<scalar_t><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
-          g_ptr, g_rows.row_stride, aligned16(g_ptr) && g_rows.row_stride % kVec == 0, x_ptr, x_rows.row_stride,
-          aligned16(x_ptr) && x_rows.row_stride % kVec == 0, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
+          g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
           dx_ptr, dx_vec_ok, partials.mutable_data_ptr<acc_t>(), x_rows.M, x_rows.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }

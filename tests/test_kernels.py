@@ -3,14 +3,15 @@ invariance, huge inputs, CUDA graphs. Each test runs every kernel backend it app
 
 import pytest
 import torch
-
 from _matrix import (
     autograd_reference,
-    rel_l2,
     check_against_oracle,
     make_params,
     make_rows,
+    rel_l2,
     requires_cuda,
+    requires_interpreter,
+    requires_triton,
     run_backend,
     seed_for,
 )
@@ -31,13 +32,11 @@ def test_fp16_large_values_stay_finite(device, backend, H):
     check_against_oracle(out, x, g, w, b, 1e-6, what="fp16 +-60000")
 
 
-# The CUDA and Triton kernels still form r_p^3 on its own in d_p (see bench/NOTES.md); the
-# fix needs a GPU run, so their cases are expected to fail until then (strict: a pass fails).
-_R_CUBED = pytest.mark.xfail(strict=True, reason="d_p still forms r_p^3 on the GPU kernels")
 MAGNITUDE_KERNELS = [
     ("cpu", "auto"),
-    pytest.param("cuda", "cuda", marks=[requires_cuda, _R_CUBED]),
-    pytest.param("cuda", "triton", marks=[requires_cuda, _R_CUBED]),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
+    pytest.param("cuda", "cuda", marks=requires_cuda),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
 ]
 
 

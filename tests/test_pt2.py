@@ -304,8 +304,8 @@ def test_triton_gpu_path_traces_with_dynamic_batch():
 
 @pytest.mark.parametrize("device,backend", CUDA_KERNEL_CASES)
 def test_reduce_overhead_training_step(device, backend):
-    # mode="reduce-overhead" records the compiled forward and backward as CUDA graphs;
-    # a few SGD steps track eager ones.
+    # mode="reduce-overhead" records the compiled forward and backward as CUDA graphs; every
+    # SGD step, replayed from the same parameters as eager, matches eager.
     from torch._dynamo.utils import counters
 
     gen = _gen("reduce_overhead", backend)
@@ -316,6 +316,13 @@ def test_reduce_overhead_training_step(device, backend):
     opt_c = torch.optim.SGD(block_c.parameters(), lr=0.1)
     counters.clear()
     for step in range(5):  # the first calls warm up, then the graphs are recorded and replayed
+        # Each step starts from the eager parameters: Inductor's fp32 GEMMs for the Linears
+        # round differently from eager cuBLAS (seen on an H200: 1.5e-5 absolute on up.weight's
+        # gradient), and over free-running SGD steps that difference grows (2e-3 by step 2),
+        # which would hide what this checks: that the recorded graphs compute this step.
+        with torch.no_grad():
+            for p_c, p_e in zip(block_c.parameters(), block_e.parameters()):
+                p_c.copy_(p_e)
         x = _randn((4, 32, H_IN), device, gen)
         g = _randn((4, 32, H_IN), device, gen)
         torch.compiler.cudagraph_mark_step_begin()
@@ -324,9 +331,11 @@ def test_reduce_overhead_training_step(device, backend):
         out_e = block_e(x)
         out_e.backward(g)
         # out_c lives in the graph's memory pool: compared before the next step overwrites it.
-        torch.testing.assert_close(out_c.detach(), out_e.detach(), msg=lambda m: f"step {step}: {m}")
+        # 1e-4: ~10x the GEMM difference above, far below a wrong or stale graph's error.
+        tol = {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(out_c.detach(), out_e.detach(), **tol, msg=lambda m: f"step {step}: {m}")
         for (name, p_c), p_e in zip(block_c.named_parameters(), block_e.parameters()):
-            torch.testing.assert_close(p_c.grad, p_e.grad, msg=lambda m: f"step {step} grad of {name}: {m}")
+            torch.testing.assert_close(p_c.grad, p_e.grad, **tol, msg=lambda m: f"step {step} grad of {name}: {m}")
         opt_c.step()
         opt_e.step()
         opt_c.zero_grad(set_to_none=True)
