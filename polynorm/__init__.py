@@ -10,12 +10,17 @@ Importing this package loads the compiled library, which registers
 ``torch.ops.polynorm.forward`` and ``torch.ops.polynorm.backward``.
 """
 
-import torch  # noqa: F401  (the compiled library links against torch's)
+import torch
 
 from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm import reference
 from polynorm.module import PolyNorm
 from polynorm.ops import BACKENDS, poly_norm
+
+if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
+    from polynorm import _sharding
+
+    _sharding.register()
 
 __all__ = ["BACKENDS", "PolyNorm", "poly_norm", "reference"]
 __version__ = "0.1.0"

@@ -29,6 +29,7 @@ With ``TRITON_INTERPRET=1`` set before this module is imported, the same kernels
 CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests them.
 """
 
+import contextlib
 import functools
 import os
 
@@ -506,6 +507,14 @@ def _op(name: str, *, mutates_args, schema: str):
     return register
 
 
+def _on_device_of(x: Tensor):
+    """Launches on x's device whatever the current device is (Triton launches on the current
+    one). Compiled graphs set the device in Inductor's own wrapper code."""
+    if x.device.type == "cuda" and not torch.compiler.is_compiling():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
+
+
 @_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
 def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """PolyNorm forward in Triton: ``torch.ops.polynorm.forward_triton(x, weight, bias, eps)``.
@@ -549,10 +558,11 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
     b, _ = _flat(bias)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
     if _launchable(x_rows, w, b):
-        wrap_triton(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
-            x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
-            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
-        )  # fmt: skip
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
+                x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
     return y, rstd
 
 
@@ -609,13 +619,14 @@ def poly_norm_backward_triton(
     # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
     partials = torch.empty((max_programs, 4), dtype=acc, device=x.device)
     if _launchable(x_rows, g_rows, w, rstd_c):
-        wrap_triton(_poly_norm_bwd_kernel)[(num_programs,)](
-            g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, grad_x, partials, M, H,
-            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
-        )  # fmt: skip
-        wrap_triton(_poly_norm_bwd_param_kernel)[(1,)](
-            partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
-        )
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_bwd_kernel)[(num_programs,)](
+                g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, grad_x, partials, M, H,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
+            wrap_triton(_poly_norm_bwd_param_kernel)[(1,)](
+                partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
+            )
     return grad_x, grad_weight, grad_bias
 
 

@@ -1,0 +1,104 @@
+"""Multi-device and distributed use: the device guard, DDP and FSDP2 training parity, and
+DTensor sequence parallelism (``examples/train_distributed.py``).
+
+- CPU (CI): two processes with gloo, through ``torchrun``, for each mode.
+- GPU: the same with NCCL on two GPUs for the CUDA and Triton backends, and the device-guard
+  checks; they skip with a reason on a machine with fewer than two GPUs. NVLink multicast
+  stays off (``NCCL_NVLS_ENABLE=0`` and the related variables) as the device machines require.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _matrix import make_params, make_rows, requires_triton, run_backend
+
+import polynorm
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "examples" / "train_distributed.py"
+HAS_DIST = torch.distributed.is_available() and torch.distributed.is_gloo_available()
+requires_dist = pytest.mark.skipif(not HAS_DIST, reason="needs torch.distributed with the gloo backend")
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+requires_two_gpus = pytest.mark.skipif(
+    not TWO_GPUS, reason=f"needs 2 CUDA devices, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+)
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def torchrun(mode: str, backend: str, env: dict, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(SCRIPT), "--mode", mode, "--backend", backend]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _env(**extra) -> dict:
+    env = {**os.environ, **NO_MULTICAST, **extra}
+    # The children import polynorm from this checkout, whatever the working directory.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _check(proc: subprocess.CompletedProcess, mode: str, device: str) -> None:
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert f"train_distributed --mode {mode}: 2 ranks on {device}" in proc.stdout, out[-4000:]
+    assert "all checks hold" in proc.stdout, out[-4000:]
+
+
+@requires_dist
+@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp"])
+def test_two_processes_on_cpu(mode):
+    # CUDA_VISIBLE_DEVICES="" keeps the ranks on gloo and the CPU kernel even on a GPU machine.
+    _check(torchrun(mode, "auto", _env(CUDA_VISIBLE_DEVICES="")), mode, "cpu")
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp"])
+def test_two_gpus(mode, backend):
+    _check(torchrun(mode, backend, _env()), mode, "cuda")
+
+
+# ---------------------------------------------------------------------------------------
+# Device guard: tensors on cuda:1 while cuda:0 is current
+# ---------------------------------------------------------------------------------------
+
+GUARD_BACKENDS = ["cuda", pytest.param("triton", marks=requires_triton), "reference"]
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", GUARD_BACKENDS)
+@pytest.mark.parametrize("H", [127, 4096])
+def test_second_device_matches_first_bitwise(backend, H):
+    gen = torch.Generator().manual_seed(1234 + H)
+    x = make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen)
+    g = make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen)
+    w, b = make_params(torch.float32, "cpu", gen)
+    on = {dev: [t.to(dev) for t in (x, g, w, b)] for dev in ("cuda:0", "cuda:1")}
+    out0 = run_backend(backend, *on["cuda:0"], 1e-6)
+    torch.cuda.synchronize(0)
+    with torch.cuda.device(0):
+        before = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        out1 = run_backend(backend, *on["cuda:1"], 1e-6)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
+    for name in ("y", "dx", "dw", "db"):
+        t0, t1 = getattr(out0, name), getattr(out1, name)
+        assert t1.device == torch.device("cuda:1"), name
+        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("moved", ["weight", "bias"])
+def test_mixed_devices_are_refused(backend, moved):
+    x = torch.randn(4, 64, device="cuda:0")
+    params = {"weight": torch.ones(3, device="cuda:0"), "bias": torch.zeros(1, device="cuda:0")}
+    params[moved] = params[moved].to("cuda:1")
+    with pytest.raises(RuntimeError, match=f"expected {moved} on x's device cuda:0, got cuda:1"):
+        polynorm.poly_norm(x, params["weight"], params["bias"], backend=backend)
