@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 import polynorm
 
-__all__ = ["ModelConfig", "TinyLM", "make_poly_norm", "liger_available"]
+__all__ = ["Float64ReferencePolyNorm", "ModelConfig", "TinyLM", "liger_available", "make_poly_norm"]
 
 
 @dataclass
@@ -98,10 +98,28 @@ class LigerBackedPolyNorm(polynorm.PolyNorm):
         return self._fn.apply(x, self.weight, self.bias.view(()), self.eps, *extra)
 
 
+class Float64ReferencePolyNorm(polynorm.PolyNorm):
+    """The reference PolyNorm computed in float64 and rounded once to x's dtype.
+
+    A change of rounding only (the most exact PolyNorm there is): how far training with it
+    drifts from training with the fp32 reference is the rounding floor of the comparison.
+    """
+
+    def __init__(self, eps: float = 1e-6, device=None, dtype=None) -> None:
+        super().__init__(eps=eps, device=device, dtype=dtype, backend="reference")
+        self.backend = "reference-fp64"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return polynorm.reference.poly_norm(x, self.weight, self.bias, self.eps, compute_dtype=torch.float64)
+
+
 def make_poly_norm(backend: str, eps: float) -> nn.Module:
-    """A PolyNorm activation: ``polynorm.PolyNorm(backend=...)``, or Liger's kernel for ``"liger"``."""
+    """A PolyNorm activation: ``polynorm.PolyNorm(backend=...)``, Liger's kernel for ``"liger"``,
+    or the float64 reference for ``"reference-fp64"``."""
     if backend == "liger":
         return LigerBackedPolyNorm(eps)
+    if backend == "reference-fp64":
+        return Float64ReferencePolyNorm(eps)
     return polynorm.PolyNorm(eps, backend=backend)
 
 

@@ -5,8 +5,9 @@ and the gated form; Zhuo et al., "Polynomial Composition Activations", arXiv:241
 the same weights on the same batches, once per backend. Here:
 
 - CPU (CI): the tiny preset for 40 steps, the C++ kernel (``cpu``) against the reference, in
-  fp32 and bf16 autocast: per-step losses and final weights within ``train_lm.TOLERANCES``,
-  a rerun of the reference bit-identical, and the loss falling.
+  fp32 and bf16 autocast: per-step losses and final weights within the bounds
+  (``train_lm.TOLERANCES``, raised by the run's rounding floor within ``FLOOR_CAP``), a
+  rerun of the reference bit-identical, and the loss falling.
 - GPU: ``cuda``, ``triton`` and the reference over a short run of a mid-size model, fp32
   and bf16 (skipped with a reason without CUDA).
 """
@@ -37,9 +38,12 @@ def _runs(report, mlp, dtype):
 
 def _check_agreement(run, ref, dtype):
     """The assertions behind the verdict, spelled out so a failure says which bound broke."""
-    tol = train_lm.TOLERANCES[dtype]
     assert "error" not in run, run.get("error")
     a = run["agreement"]
+    stated = train_lm.TOLERANCES[dtype]
+    tol = train_lm.Tolerance(**a["bounds"])
+    for name in ("loss_head", "loss_tail", "params"):  # the floor raises a bound at most FLOOR_CAP-fold
+        assert getattr(stated, name) <= getattr(tol, name) <= train_lm.FLOOR_CAP * getattr(stated, name), name
     assert len(run["losses"]) == len(ref["losses"])
     assert all(math.isfinite(v) for v in run["losses"]), f"{run['label']}: non-finite loss"
     assert a["loss_head_rel"] <= tol.loss_head, (
@@ -90,6 +94,26 @@ def test_agreement_flags_a_perturbed_run():
     assert not train_lm.agreement(flat, flat, train_lm.TOLERANCES["fp32"])["loss_falls"]
 
 
+def test_bounds_follow_the_rounding_floor_within_the_cap():
+    stated = train_lm.TOLERANCES["fp32"]
+    quiet = {"loss_head_rel": 1e-7, "loss_tail_rel": None, "params_rel": 1e-5}
+    assert train_lm.bounds(stated, quiet) == stated  # a small floor leaves the stated bounds
+    assert train_lm.bounds(stated, None) == stated
+    floor = {"loss_head_rel": 1.5e-5, "loss_tail_rel": 2e-4, "params_rel": 1e-3}
+    raised = train_lm.bounds(stated, floor)
+    assert raised.loss_head == 3e-5 and raised.loss_tail == 4e-4 and raised.params == 2e-3
+    broken = {"loss_head_rel": 1.0, "loss_tail_rel": 1.0, "params_rel": 1.0}  # a floor run gone wrong
+    capped = train_lm.bounds(stated, broken)
+    assert capped.loss_head == train_lm.FLOOR_CAP * stated.loss_head
+    assert capped.params == train_lm.FLOOR_CAP * stated.params
+    # Under raised bounds a run 1.5x the floor's drift agrees; 3x does not.
+    losses = [5.0 - 0.02 * i for i in range(120)]
+    ref = {"losses": losses, "val_loss": 3.0, "params": {"w": torch.ones(4)}}
+    for factor, agrees in ((1.5, True), (3.0, False)):
+        bumped = dict(ref, losses=losses[:50] + [losses[50] * (1 + factor * 1.5e-5)] + losses[51:])
+        assert train_lm.agreement(bumped, ref, raised)["agrees"] is agrees, factor
+
+
 # ---------------------------------------------------------------------------------------
 # CPU: the C++ kernel against the reference, tiny preset, 40 steps
 # ---------------------------------------------------------------------------------------
@@ -108,7 +132,7 @@ def cpu_report():
 @pytest.mark.parametrize("mlp", FORMS)
 def test_cpu_kernel_trains_like_the_reference(cpu_report, mlp, dtype):
     runs = _runs(cpu_report, mlp, dtype)
-    assert set(runs) == {"reference", "cpu", "reference-2"}
+    assert set(runs) == {"reference", "cpu", "reference-2", "reference-fp64"}
     ref = runs["reference"]
     # The loss falls well below its start (ln 256 = 5.55 nats for uniform bytes).
     assert ref["losses"][0] > 5.0 and sum(ref["losses"][-10:]) / 10 <= train_lm.LOSS_DROP * ref["losses"][0]
@@ -168,7 +192,7 @@ def gpu_report():
 @pytest.mark.parametrize("mlp", FORMS)
 def test_gpu_backends_train_like_the_reference(gpu_report, mlp, dtype):
     runs = _runs(gpu_report, mlp, dtype)
-    assert set(runs) == {"reference", "cuda", "triton", "reference-2"}
+    assert set(runs) == {"reference", "cuda", "triton", "reference-2", "reference-fp64"}
     for label in ("cuda", "triton", "reference-2"):
         _check_agreement(runs[label], runs["reference"], dtype)
     assert runs["cuda"]["peak_mem_mib"] > 0 and runs["cuda"]["tokens_per_s"] > 0
