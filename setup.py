@@ -55,7 +55,7 @@ def _cuda_include_dirs() -> list[str]:
 
 
 def extensions():
-    sources = [f"{CSRC}/polynorm.cpp", f"{CSRC}/polynorm_cpu.cpp", f"{CSRC}/python_module.cpp"]
+    sources = [f"{CSRC}/polynorm.cpp", f"{CSRC}/polynorm_cpu.cpp", f"{CSRC}/polynorm_autograd.cpp", f"{CSRC}/python_module.cpp"]
     cxx_flags = ["-O3"]
     if _build_cuda():
         sources.append(f"{CSRC}/polynorm_cuda.cu")

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["check_backward_args", "check_forward_args", "register_autograd", "rstd_dtype"]
+__all__ = ["check_backward_args", "check_forward_args", "refuse_double_backward", "register_autograd", "rstd_dtype"]
 
 
 def rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -109,13 +109,21 @@ def register_autograd(forward_op: str, backward_op) -> None:
             None,
         )
 
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    refuse_double_backward(backward_op)
+
+
+def refuse_double_backward(backward_op) -> None:
+    """Gives ``backward_op`` an autograd kernel that raises: differentiating PolyNorm's
+    gradient (``create_graph=True``) would otherwise come out as zeros with only a warning.
+    (``polynorm::forward``'s own autograd is C++, ``csrc/polynorm_autograd.cpp``.)"""
+
     def no_double_backward(ctx, *grads):
         raise RuntimeError(
             f"{backward_op._schema.name.replace('::', '.')}: differentiating PolyNorm's gradient "
             "(double backward, create_graph=True) is not supported"
         )
 
-    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
     torch.library.register_autograd(
         backward_op._schema.name, no_double_backward, setup_context=lambda ctx, inputs, output: None
     )

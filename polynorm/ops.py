@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from polynorm import reference
-from polynorm._common import check_backward_args, check_forward_args, register_autograd, rstd_dtype
+from polynorm._common import check_backward_args, check_forward_args, refuse_double_backward, rstd_dtype
 
 try:  # registers torch.ops.polynorm.forward_triton and backward_triton
     from polynorm import triton_kernels as _triton_kernels
@@ -38,7 +38,8 @@ def _backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> t
     return grad_x, weight.new_empty((3,)), weight.new_empty((1,))
 
 
-register_autograd("polynorm::forward", torch.ops.polynorm.backward.default)
+# polynorm::forward is differentiable through its C++ autograd kernel (csrc/polynorm_autograd.cpp).
+refuse_double_backward(torch.ops.polynorm.backward.default)
 
 
 def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backend: str = "auto") -> Tensor:
