@@ -4,11 +4,19 @@ PolyNorm: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
 """
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
 
-__all__ = ["check_backward_args", "check_forward_args", "refuse_double_backward", "register_autograd", "rstd_dtype"]
+__all__ = [
+    "check_backward_args",
+    "check_eps",
+    "check_forward_args",
+    "refuse_double_backward",
+    "register_autograd",
+    "rstd_dtype",
+]
 
 
 def rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -34,22 +42,61 @@ def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
             raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
 
 
-def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> None:
+def check_eps(op: str, eps) -> float:
+    """eps as a Python float, checked as the C++ op checks it.
+
+    Accepts any real scalar: a Python or NumPy int or float, or a one-element real tensor.
+
+    Raises:
+        TypeError: eps not a real number (a string, a complex number, a tensor of several
+            elements).
+        ValueError: eps negative, NaN or infinite.
+    """
+    real_tensor = isinstance(eps, Tensor) and eps.numel() == 1 and not eps.is_complex()
+    if not (real_tensor or isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt))):
+        what = f"a tensor of shape {list(eps.shape)} and dtype {eps.dtype}" if isinstance(eps, Tensor) else type(eps).__name__
+        raise TypeError(f"{op}: expected eps to be a real number, got {what}")
+    value = float(eps)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
+    return value
+
+
+def _require(cond, message, traced: bool) -> None:
+    # torch._check keeps symbolic shapes unspecialised in the fake kernels; Dynamo cannot
+    # trace its message closures, so code it traces branches instead (a guard at most).
+    if traced:
+        if not cond:
+            raise RuntimeError(message())
+    else:
+        torch._check(cond, message)
+
+
+def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps, *, traced: bool = False) -> float:
     """The C++ argument checks, in Python: for the fake kernels, the Triton and reference paths.
 
-    Raises RuntimeError (ValueError for eps) naming ``op`` and the argument, with the
-    expected and the actual value. Shape conditions go through ``torch._check`` so that
-    symbolic shapes (torch.compile with dynamic=True) pass through unspecialised.
+    Args:
+        traced: the caller is being traced by Dynamo (the reference path under
+            torch.compile): shape conditions are plain branches rather than ``torch._check``.
+
+    Returns:
+        eps as a Python float (see :func:`check_eps`).
+
+    Raises:
+        TypeError: an argument of the wrong type (see :func:`check_eps` for eps).
+        RuntimeError: naming ``op`` and the argument, with the expected and the actual
+            value. Shape conditions go through ``torch._check`` so that symbolic shapes
+            (torch.compile with dynamic=True) pass through unspecialised.
+        ValueError: eps negative, NaN or infinite.
     """
     for name, t in (("x", x), ("weight", weight), ("bias", bias)):
         _check_float(op, name, t)
-    torch._check(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor")
-    torch._check(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}")
-    torch._check(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}")
-    torch._check(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}")
+    _require(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor", traced)
+    _require(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}", traced)
+    _require(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}", traced)
+    _require(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}", traced)
     _check_same_device(op, x, weight=weight, bias=bias)
-    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {eps}")
+    return check_eps(op, eps)
 
 
 def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> None:

@@ -1,10 +1,9 @@
 """``polynorm.PolyNorm``: the activation as an ``nn.Module``."""
 
-import math
-
 import torch
 from torch import Tensor, nn
 
+from polynorm._common import check_eps
 from polynorm.ops import BACKENDS, poly_norm
 
 __all__ = ["PolyNorm"]
@@ -17,11 +16,13 @@ class PolyNorm(nn.Module):
     ``norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)`` over the last dimension.
 
     Args:
-        eps: added to each mean square inside the square root; finite and >= 0.
+        eps: added to each mean square inside the square root; a real number (Python or
+            NumPy scalar, one-element tensor), finite and >= 0, kept as a Python float.
         device, dtype: of the parameters (any float dtype, independent of the input's).
         backend: see :func:`polynorm.poly_norm`.
 
     Raises:
+        TypeError: eps not a real number.
         ValueError: eps negative, NaN or infinite, or an unknown backend.
 
     Parameters:
@@ -35,8 +36,7 @@ class PolyNorm(nn.Module):
 
     def __init__(self, eps: float = 1e-6, device=None, dtype=None, backend: str = "auto") -> None:
         super().__init__()
-        if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
-            raise ValueError(f"polynorm.PolyNorm: expected eps to be finite and >= 0, got {eps}")
+        eps = check_eps("polynorm.PolyNorm", eps)
         if backend not in BACKENDS:
             raise ValueError(f"polynorm.PolyNorm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
         factory = {"device": device, "dtype": dtype}

@@ -56,7 +56,8 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         weight: ``(3,)`` tensor ``[w0, w1, w2]`` of any of those dtypes (w0 scales the
             cubic term); fp32 parameters with bf16 activations are the common case.
         bias: ``(1,)`` or ``()`` tensor of any of those dtypes.
-        eps: added to each mean square inside the square root; finite and >= 0.
+        eps: added to each mean square inside the square root; a real number (Python or
+            NumPy scalar, one-element tensor), finite and >= 0.
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device),
             ``"triton"`` (the Triton kernels, ``torch.ops.polynorm.forward_triton``; x on a
@@ -68,6 +69,7 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         weight's dtype and ``grad_bias`` in bias's dtype and shape.
 
     Raises:
+        TypeError: eps not a real number.
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
             weight without 3 elements, bias without 1 element, tensors on different
@@ -92,9 +94,6 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             )
         return torch.ops.polynorm.forward_triton(x, weight, bias, eps)[0]
     if backend == "reference":
-        # Checked eagerly only: Dynamo cannot trace the torch._check messages, which close
-        # over tensors (a graph break, an error under fullgraph=True).
-        if not torch.compiler.is_compiling():
-            check_forward_args("polynorm.poly_norm", x, weight, bias, eps)
+        eps = check_forward_args("polynorm.poly_norm", x, weight, bias, eps, traced=torch.compiler.is_compiling())
         return reference.poly_norm(x, weight, bias, eps)
     raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")

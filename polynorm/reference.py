@@ -57,12 +57,16 @@ def poly_norm(
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     dtype = _compute_dtype(x, compute_dtype)
-    xc = x.to(dtype)
+    # Contiguous, so that y is contiguous whatever x's strides (a copy only when x is not).
+    xc = x.to(dtype).contiguous()
     w = weight.to(dtype).reshape(3)
     b = bias.to(dtype).reshape(())
 
     def norm(u: Tensor) -> Tensor:
-        return u * torch.rsqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
+        # A division by the square root, as the paper writes it. Autograd of rsqrt would form
+        # mean(u^2)^-1.5, which leaves fp32's range for |x| beyond ~3e4 (x^6 ~ 1e27) and
+        # corrupts the gradient; this way its largest intermediate is mean(u^2) itself.
+        return u / torch.sqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
 
     y = w[0] * norm(xc.pow(3)) + w[1] * norm(xc.pow(2)) + w[2] * norm(xc) + b
     return y.to(x.dtype)

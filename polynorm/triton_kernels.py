@@ -537,6 +537,7 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
         (float64 for float64 x). Saved for the backward; not differentiable.
 
     Raises:
+        TypeError: eps not a real number.
         ValueError: eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, 0-d or with H = 0; weight
             not 3 elements or bias not 1 element, or of another dtype; tensors on
@@ -546,7 +547,7 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     op = "polynorm.forward_triton"
-    check_forward_args(op, x, weight, bias, eps)
+    eps = check_forward_args(op, x, weight, bias, eps)
     _check_runs_here(op, x)
 
     x_rows, M, H, x_row_stride = _as_rows(x)

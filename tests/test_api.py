@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import polynorm
-from _matrix import DEVICES, make_params, requires_cuda, seed_for
+from _matrix import DEVICES, make_params, requires_cuda, requires_interpreter, requires_triton, seed_for
 
 OPS = [torch.ops.polynorm.forward.default, torch.ops.polynorm.backward.default]
 
@@ -108,6 +108,42 @@ def test_reference_backend_validates():
         polynorm.poly_norm(x, torch.ones(4), b, backend="reference")
     with pytest.raises(ValueError, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0, got -1"):
         polynorm.poly_norm(x, w, b, -1.0, backend="reference")
+
+
+@pytest.mark.parametrize("fullgraph", [False, True])
+def test_reference_backend_validates_under_compile(fullgraph):
+    # Dynamo traces the reference path's checks: a bad argument raises (under fullgraph as
+    # Dynamo's error carrying the message) instead of computing on it.
+    x, w, b = _inputs("cpu")
+    f = torch.compile(lambda x, eps: polynorm.poly_norm(x, w, b, eps, backend="reference"), fullgraph=fullgraph, backend="eager")
+    with pytest.raises(RuntimeError if not fullgraph else Exception, match=r"polynorm\.poly_norm: expected x to be float32"):
+        f(x.long(), 1e-6)
+    with pytest.raises(ValueError if not fullgraph else Exception, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0"):
+        f(x, -1.0)
+    torch.testing.assert_close(f(x, 1e-6), polynorm.poly_norm(x, w, b, 1e-6, backend="reference"), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference", pytest.param("triton", marks=[requires_triton, requires_interpreter])])
+def test_eps_any_real_scalar(backend):
+    # eps may be a NumPy scalar or a one-element tensor, as the C++ op's float argument allows.
+    np = pytest.importorskip("numpy")
+    x, w, b = _inputs("cpu")
+    expected = polynorm.poly_norm(x, w, b, 1e-3, backend=backend)
+    for eps in (np.float32(1e-3), np.float64(1e-3), torch.tensor(1e-3, dtype=torch.float64)):
+        got = polynorm.poly_norm(x, w, b, eps, backend=backend)
+        torch.testing.assert_close(got, expected, rtol=2e-6, atol=0)
+        module = polynorm.PolyNorm(eps=eps, backend=backend)
+        assert type(module.eps) is float
+
+
+@pytest.mark.parametrize("eps,what", [("1e-6", "str"), (1e-6j, "complex"), (torch.ones(2), "a tensor of shape [2]")])
+def test_eps_not_a_real_number(eps, what):
+    # The ops' schemas refuse these themselves ("float eps"); the Python paths say so too.
+    x, w, b = _inputs("cpu")
+    with pytest.raises(TypeError, match=rf"polynorm\.poly_norm: expected eps to be a real number, got {re.escape(what)}"):
+        polynorm.poly_norm(x, w, b, eps, backend="reference")
+    with pytest.raises(TypeError, match=rf"polynorm\.PolyNorm: expected eps to be a real number, got {re.escape(what)}"):
+        polynorm.PolyNorm(eps=eps)
 
 
 def test_module_validates_arguments():

@@ -41,3 +41,17 @@ def test_reference_keeps_dtype_and_upcasts():
     assert y.dtype == torch.float16 and y.shape == x.shape
     y64 = reference.poly_norm(x.double(), w.double(), b.double(), compute_dtype=torch.float64)
     assert (y.double() - y64).abs().max() <= 2 * torch.finfo(torch.float16).eps * y64.abs().max()
+
+
+@pytest.mark.parametrize("layout", ["transposed", "channels_last"])
+def test_reference_output_is_contiguous(layout):
+    # poly_norm promises a contiguous y whatever x's strides, like the kernels.
+    gen = torch.Generator().manual_seed(seed_for("reference-layout", layout))
+    if layout == "transposed":
+        x = torch.randn(6, 8, generator=gen).t()
+    else:
+        x = torch.randn(2, 5, 3, 4, generator=gen).to(memory_format=torch.channels_last)
+    w, b = make_params(torch.float32, "cpu", gen)
+    y = reference.poly_norm(x, w, b)
+    assert y.is_contiguous() and y.shape == x.shape
+    torch.testing.assert_close(y, reference.poly_norm(x.contiguous(), w, b), rtol=0, atol=0)
