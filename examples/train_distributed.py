@@ -193,9 +193,10 @@ def main(argv=None) -> int:
     try:
         check = check_sequence_parallel if args.mode == "sp" else check_data_parallel
         results = check(args, device)
-    finally:
-        # No rank leaves while a peer still has a collective in flight.
+        # No rank leaves while a peer still has a collective in flight. Not after a failure:
+        # the peers may be waiting in another collective, and the barrier would hang.
         dist.barrier()
+    finally:
         dist.destroy_process_group()
     ok = all(value <= bound for _, value, bound in results)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -209,8 +210,9 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     status = main()
-    # Skip interpreter shutdown. DTensor's caches keep the device mesh, and with it the gloo
-    # process group, alive after destroy_process_group(), so gloo's worker threads outlive it.
+    # Skip interpreter shutdown. In the sp and fsdp modes DTensor's caches keep the device
+    # mesh, and with it the gloo process group, alive after destroy_process_group(), so
+    # gloo's worker threads outlive it.
     # Such a thread frees a finished collective's work object (and its Python tensors, which
     # takes the GIL) a moment after the collective completes; if the interpreter is being
     # finalised by then, it aborts the process ("terminate called without an active

@@ -45,7 +45,8 @@ def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
 def check_eps(op: str, eps) -> float:
     """eps as a Python float, checked as the C++ op checks it.
 
-    Accepts any real scalar: a Python or NumPy int or float, or a one-element real tensor.
+    Accepts any real scalar: a Python or NumPy int or float, or a one-element real tensor
+    (eagerly; under torch.compile its value would be data-dependent).
 
     Raises:
         TypeError: eps not a real number (a string, a complex number, a tensor of several
@@ -57,7 +58,9 @@ def check_eps(op: str, eps) -> float:
         what = f"a tensor of shape {list(eps.shape)} and dtype {eps.dtype}" if isinstance(eps, Tensor) else type(eps).__name__
         raise TypeError(f"{op}: expected eps to be a real number, got {what}")
     value = float(eps)
-    if not (math.isfinite(value) and value >= 0):
+    # Comparisons rather than math.isfinite, which Dynamo cannot trace on a symbolic float
+    # (an eps argument of a compiled function); NaN fails both.
+    if not (value >= 0 and value < math.inf):
         raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
     return value
 

@@ -17,7 +17,7 @@ class PolyNorm(nn.Module):
 
     Args:
         eps: added to each mean square inside the square root; a real number (Python or
-            NumPy scalar, one-element tensor), finite and >= 0, kept as a Python float.
+            NumPy scalar, one-element tensor), finite and >= 0, stored as a Python float.
         device, dtype: of the parameters (any float dtype, independent of the input's).
         backend: see :func:`polynorm.poly_norm`.
 

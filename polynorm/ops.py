@@ -57,7 +57,7 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             cubic term); fp32 parameters with bf16 activations are the common case.
         bias: ``(1,)`` or ``()`` tensor of any of those dtypes.
         eps: added to each mean square inside the square root; a real number (Python or
-            NumPy scalar, one-element tensor), finite and >= 0.
+            NumPy scalar; a one-element tensor in eager mode), finite and >= 0.
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device),
             ``"triton"`` (the Triton kernels, ``torch.ops.polynorm.forward_triton``; x on a
@@ -69,7 +69,8 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         weight's dtype and ``grad_bias`` in bias's dtype and shape.
 
     Raises:
-        TypeError: eps not a real number.
+        TypeError: eps not a real number, with backend ``"reference"`` (the ops' schemas
+            refuse it with a RuntimeError for the other backends).
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
             weight without 3 elements, bias without 1 element, tensors on different

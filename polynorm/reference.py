@@ -52,13 +52,13 @@ def poly_norm(
             default float32 upcasts fp16/bf16 and leaves float64 alone.
 
     Returns:
-        y, with x's shape and dtype (rounded once from ``compute_dtype``).
+        y, with x's shape and dtype (rounded once from ``compute_dtype``), contiguous.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     dtype = _compute_dtype(x, compute_dtype)
     # Contiguous, so that y is contiguous whatever x's strides (a copy only when x is not).
-    xc = x.to(dtype).contiguous()
+    xc = x.to(dtype, memory_format=torch.contiguous_format).contiguous()
     w = weight.to(dtype).reshape(3)
     b = bias.to(dtype).reshape(())
 

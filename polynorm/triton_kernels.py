@@ -537,7 +537,6 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
         (float64 for float64 x). Saved for the backward; not differentiable.
 
     Raises:
-        TypeError: eps not a real number.
         ValueError: eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, 0-d or with H = 0; weight
             not 3 elements or bias not 1 element, or of another dtype; tensors on

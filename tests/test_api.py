@@ -110,17 +110,25 @@ def test_reference_backend_validates():
         polynorm.poly_norm(x, w, b, -1.0, backend="reference")
 
 
-@pytest.mark.parametrize("fullgraph", [False, True])
-def test_reference_backend_validates_under_compile(fullgraph):
+@pytest.mark.parametrize("fullgraph,dynamic", [(False, None), (True, None), (True, True)])
+def test_reference_backend_validates_under_compile(fullgraph, dynamic):
     # Dynamo traces the reference path's checks: a bad argument raises (under fullgraph as
-    # Dynamo's error carrying the message) instead of computing on it.
+    # Dynamo's error carrying the message) instead of computing on it, and a valid eps,
+    # which Dynamo may turn into a symbolic float, compiles without a graph break.
+    torch._dynamo.reset()  # the lambda's code object, and so Dynamo's cache, is shared by the cases
     x, w, b = _inputs("cpu")
-    f = torch.compile(lambda x, eps: polynorm.poly_norm(x, w, b, eps, backend="reference"), fullgraph=fullgraph, backend="eager")
+    f = torch.compile(
+        lambda x, eps: polynorm.poly_norm(x, w, b, eps, backend="reference"),
+        fullgraph=fullgraph, dynamic=dynamic, backend="aot_eager",
+    )
+    for eps in (1e-6, 1e-5, 0.25):
+        torch.testing.assert_close(f(x, eps), polynorm.poly_norm(x, w, b, eps, backend="reference"), rtol=0, atol=0)
     with pytest.raises(RuntimeError if not fullgraph else Exception, match=r"polynorm\.poly_norm: expected x to be float32"):
         f(x.long(), 1e-6)
     with pytest.raises(ValueError if not fullgraph else Exception, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0"):
         f(x, -1.0)
-    torch.testing.assert_close(f(x, 1e-6), polynorm.poly_norm(x, w, b, 1e-6, backend="reference"), rtol=0, atol=0)
+    with pytest.raises(ValueError if not fullgraph else Exception, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0"):
+        f(x, float("nan"))
 
 
 @pytest.mark.parametrize("backend", ["auto", "reference", pytest.param("triton", marks=[requires_triton, requires_interpreter])])
