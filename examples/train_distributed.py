@@ -212,12 +212,11 @@ if __name__ == "__main__":
     status = main()
     # Skip interpreter shutdown. In the sp and fsdp modes DTensor's caches keep the device
     # mesh, and with it the gloo process group, alive after destroy_process_group(), so
-    # gloo's worker threads outlive it.
-    # Such a thread frees a finished collective's work object (and its Python tensors, which
-    # takes the GIL) a moment after the collective completes; if the interpreter is being
-    # finalised by then, it aborts the process ("terminate called without an active
-    # exception", SIGABRT): about 1 run in 6 on a 2-core CPU under torch 2.14. Every check
-    # has completed and printed by now, so nothing is lost.
+    # gloo's worker threads are never joined. Such a thread frees a finished collective's
+    # work object (and its Python tensors, which takes the GIL) a moment after the
+    # collective completes; if the interpreter is being finalised by then, the process
+    # aborts ("terminate called without an active exception", SIGABRT): about 1 run in 6 on
+    # a 2-core CPU under torch 2.14. Every check has completed and printed by now.
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
