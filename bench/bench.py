@@ -244,7 +244,7 @@ def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device,
 
     The bound is 2 eps of dtype in relative L2 error against the float64 reference: about 9x
     what an fp32 computation rounded once to bf16 or fp16 achieves, 4x for fp32
-    (shared/MATH.md). A provider over it is still timed.
+    (docs/MATH.md). A provider over it is still timed.
 
     Raises:
         Exception: whatever the provider raises (missing backend, no CUDA build, ...).

@@ -3,7 +3,7 @@
 // PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884):
 //   y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b,
 //   norm(u) = u / sqrt(mean(u^2, last dim) + eps).
-// The closed-form backward is written out in ../shared/MATH.md and in the kernels.
+// The closed-form backward is written out in docs/MATH.md and in the kernels.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -116,7 +116,7 @@ void poly_norm_bwd_rows(const Rows& g, const Rows& x, const at::opmath_type<scal
       });
       const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
       const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-      // c_p = w(p) * p * r_p and d_p = c_p * r_p^2 * S_p / H (MATH.md), multiplied as
+      // c_p = w(p) * p * r_p and d_p = c_p * r_p^2 * S_p / H (docs/MATH.md), multiplied as
       // c_p * ((r_p * S_p / H) * r_p): r_p * S_p / H stays near the size of x^p * g, where
       // r_p^3 alone under- or overflows fp32 for |x| >~ 3e4 (r_3^3 ~ |x|^-9) or tiny rows.
       const acc_t c1 = p[2] * r1, c2 = acc_t(2) * p[1] * r2, c3 = acc_t(3) * p[0] * r3;

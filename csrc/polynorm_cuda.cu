@@ -393,7 +393,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 }
 
 // Backward. One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and sum g; one group
-// reduction combines all four; then dx is written (MATH.md):
+// reduction combines all four; then dx is written (docs/MATH.md):
 //   c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,
 //   dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)).
 // Each block also writes its rows' share of [dw0, dw1, dw2, db] = sum over rows of

@@ -6,7 +6,7 @@ Large Language Models", arXiv:2411.03884), per row x of length H::
     r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3
     y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)
 
-Closed-form backward (``shared/MATH.md``), with S_p = sum_j g_j x_j^p and G = sum_j g_j::
+Closed-form backward (``docs/MATH.md``), with S_p = sum_j g_j x_j^p and G = sum_j g_j::
 
     c_p = w(p) p r_p,   d_p = c_p r_p^2 S_p / H             w(3) = w0, w(2) = w1, w(1) = w2
     dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))

@@ -100,7 +100,7 @@ class Grads:
 
 
 def closed_form(x, g, w, b, eps):
-    """MATH.md's formulas written out in float64, not through autograd.
+    """docs/MATH.md's formulas written out in float64, not through autograd.
 
     Returns the results and, for the tolerances, each result's scale: the sum of the
     magnitudes of the terms it adds up (an fp computation's error is a few units of

@@ -54,7 +54,7 @@ def test_backward_at_extreme_magnitudes(device, backend, dtype, scale, eps):
     oracle = autograd_reference(x, g, w, b, eps, torch.float64)
     # An fp32 rsqrt-based autograd reference is 17% off (fp32) or infinite (eps = 0) here,
     # so the bound is the dtype's own: about one rounding of the exact result to x's dtype
-    # (MATH.md: 1.7e-3 for bf16 on randn) with margin, and 1e-6 for fp32 arithmetic.
+    # (docs/MATH.md: 1.7e-3 for bf16 on randn) with margin, and 1e-6 for fp32 arithmetic.
     bound = 2.5e-3 if dtype == torch.bfloat16 else 1e-6
     for name in ("y", "dx"):
         err = rel_l2(getattr(out, name), getattr(oracle, name))

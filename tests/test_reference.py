@@ -1,4 +1,4 @@
-"""The oracle itself: polynorm.reference (with autograd) against MATH.md's closed form."""
+"""The oracle itself: polynorm.reference (with autograd) against docs/MATH.md's closed form."""
 
 import pytest
 import torch
