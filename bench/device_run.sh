@@ -6,9 +6,12 @@
 #   build    pip install -e . --no-build-isolation (sm_90), ~1 min
 #   timing   bench/ops_timing.py: kernel-only ratios to same-run floors, ~1.5 min
 #   kernels  the CUDA/Triton parity and kernel tests (pytest -k cuda), ~1.5 min
+#   smoke    the smoke subset (pytest -m smoke): every backend, dtype and layout once
+#   profile  bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
 #   ncu      an Nsight Compute profile of the row kernels at H = 5125, ~1 min
 #   train    the training comparison (GPU preset, 100 steps, batch 8), ~2.5 min
-#   suite    the whole test suite, ~4 min
+#   suite    the whole test suite, 8 pytest-xdist workers on the one GPU, with --durations=15
+#   dist     tests/test_distributed.py and the three torchrun modes (cuda, triton) on 2 GPUs
 #   bench    bench/bench.py --quick (JSON, PNGs, summary), ~1 min
 # Multi-file outputs are also packed as .tgz: the device tool returns a limited number of
 # files. liger-kernel, when wanted, comes as a wheel in .whl/ (see the device tool's README).
@@ -35,6 +38,12 @@ for stage in "${stages[@]}"; do
     kernels)
       timeout 150 python3 -m pytest tests/test_parity.py tests/test_kernels.py -q -ra -p no:cacheprovider -k cuda \
         > "$OUT/tests_kernels.log" 2>&1; echo "pytest kernels rc=$?"; tail -1 "$OUT/tests_kernels.log" ;;
+    smoke)
+      /usr/bin/time -f "smoke wall %e s" timeout 120 python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke \
+        > "$OUT/tests_smoke.log" 2>&1; echo "pytest smoke rc=$?"; tail -2 "$OUT/tests_smoke.log" ;;
+    profile)
+      timeout 120 python3 bench/profile_steps.py > "$OUT/profile_steps.log" 2>&1; echo "profile rc=$?"
+      sed -n '/^| M/,$p' "$OUT/profile_steps.log" ;;
     ncu)
       timeout 60 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         -k regex:row_kernel -c 2 python3 bench/profile_rows.py 5125 > "$OUT/ncu_5125.txt" 2>&1; echo "ncu rc=$?" ;;
@@ -44,8 +53,17 @@ for stage in "${stages[@]}"; do
         > "$OUT/train/train.log" 2>&1; echo "train rc=$?"; tail -25 "$OUT/train/train.log"
       tar czf "$OUT/train.tgz" -C "$OUT" train ;;
     suite)
-      timeout 260 python3 -m pytest tests -q -ra -p no:cacheprovider > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
-      grep -E "^FAILED|^ERROR|passed|failed" "$OUT/tests.log" | head -40 ;;
+      /usr/bin/time -f "suite wall %e s" timeout "${SUITE_TIMEOUT:-320}" python3 -m pytest tests -q -ra -p no:cacheprovider \
+        -n 8 --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
+      grep -E "^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
+    dist)
+      timeout 200 python3 -m pytest tests/test_distributed.py -v -ra -p no:cacheprovider > "$OUT/tests_distributed.log" 2>&1
+      echo "pytest distributed rc=$?"; tail -3 "$OUT/tests_distributed.log"
+      for backend in cuda triton; do for mode in ddp fsdp sp; do
+        timeout 120 torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode $mode --backend $backend \
+          > "$OUT/torchrun_${mode}_${backend}.log" 2>&1; echo "torchrun $mode $backend rc=$?"; tail -2 "$OUT/torchrun_${mode}_${backend}.log"
+      done; done
+      tar czf "$OUT/dist.tgz" -C "$OUT" tests_distributed.log $(cd "$OUT" && ls torchrun_*.log) ;;
     bench)
       timeout 150 python3 bench/bench.py --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
       tar czf "$OUT/bench.tgz" -C "$OUT" bench ;;

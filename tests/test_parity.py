@@ -24,6 +24,9 @@ GPU_H = [1, 3, 8, 127, 769, 1024, 4096, 5125, 8192, 16385, 65536, 262145]
 # The GPU sweep keeps each case under 2^25 elements (the fp64 oracle and its autograd
 # graph hold several float64 copies); the benchmark covers the larger shapes.
 GPU_SHAPES = [(M, H) for M in GPU_M for H in GPU_H if M * H <= 2**25]
+# The smoke subset (`pytest -m smoke`, for kernel iteration): every backend, dtype and layout
+# once at an odd H (test_layouts), and the long-row kernels at two GPU shapes.
+SMOKE_GPU_SHAPES = {(83, 8192), (83, 65536)}
 
 
 def _case(device, backend, M, H, dtype, layout, param_dtype=torch.float32, eps=1e-6):
@@ -44,7 +47,7 @@ def test_contiguous_small(device, backend, H, dtype):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H", [3, 127, 769, 4096])
+@pytest.mark.parametrize("H", [3, 127, pytest.param(769, marks=pytest.mark.smoke), 4096])
 @pytest.mark.parametrize("device,backend", BACKENDS)
 def test_layouts(device, backend, H, dtype, layout):
     _case(device, backend, 5, H, dtype, layout)
@@ -58,7 +61,9 @@ def test_mixed_param_dtypes(device, backend, dtype, param_dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("M,H", GPU_SHAPES)
+@pytest.mark.parametrize(
+    "M,H", [pytest.param(M, H, marks=[pytest.mark.smoke] if (M, H) in SMOKE_GPU_SHAPES else []) for M, H in GPU_SHAPES]
+)
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
 @requires_cuda
 def test_gpu_shapes(backend, M, H, dtype):

@@ -565,7 +565,20 @@ def test_autocast_bf16_compiled(device, backend):
     torch.testing.assert_close(y_c.detach(), y_e.detach())
     for (name, p_c), p_e in zip(model_c.named_parameters(), model_e.parameters()):
         assert p_c.grad.dtype == torch.float32, name
-        torch.testing.assert_close(p_c.grad, p_e.grad, msg=lambda m: f"grad of {name}: {m}")
+        if name.startswith("1."):
+            # PolyNorm's own gradients: the same kernel on the same bf16 activation and
+            # grad_y, accumulated in fp32, so fp32 tolerances.
+            torch.testing.assert_close(p_c.grad, p_e.grad, msg=lambda m: f"grad of {name}: {m}")
+        else:
+            # The Linear's gradients come from bf16 autocast matmuls and reductions, which
+            # Inductor may fuse and round in another order (its bias gradient, a sum over
+            # rows, once differed by 0.4% on an H200): two bf16 ulps (2 * 2^-8) of the
+            # largest entry, as an absolute and a relative bound.
+            ulp2 = 2 * torch.finfo(torch.bfloat16).eps
+            atol = ulp2 * p_e.grad.abs().max().item()
+            torch.testing.assert_close(
+                p_c.grad, p_e.grad, rtol=ulp2, atol=atol, msg=lambda m: f"grad of {name} (bf16 matmuls): {m}"
+            )
 
 
 # ---------------------------------------------------------------------------------------
