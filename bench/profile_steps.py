@@ -15,6 +15,10 @@ to None before each step, as an optimizer's ``zero_grad`` does). Reported per st
 - the kernel-only time per step, next to the same-run floor (copy + add of the same bytes,
   ``triton.testing.do_bench`` medians).
 
+``layer_norm`` (``torch.nn.functional.layer_norm`` with a weight and bias of H elements) is
+the native baseline: what PyTorch's own fused norm costs on the same host for the same
+autograd work.
+
 Usage (on a CUDA machine)::
 
     python3 bench/profile_steps.py                       # seed shape and a 2^26 shape, bf16
@@ -48,13 +52,19 @@ def make_step(backend: str, M: int, H: int, dtype: torch.dtype):
     gen = torch.Generator(device="cuda").manual_seed(0)
     x = torch.randn(M, H, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
     grad_y = torch.randn(M, H, device="cuda", dtype=dtype, generator=gen)
-    weight = torch.tensor([0.3, -0.4, 0.9], device="cuda", requires_grad=True)
-    bias = torch.tensor([0.1], device="cuda", requires_grad=True)
+    if backend == "layer_norm":  # the native baseline: the same autograd work, PyTorch's own kernels
+        weight = torch.randn(H, device="cuda", requires_grad=True)
+        bias = torch.randn(H, device="cuda", requires_grad=True)
+    else:
+        weight = torch.tensor([0.3, -0.4, 0.9], device="cuda", requires_grad=True)
+        bias = torch.tensor([0.1], device="cuda", requires_grad=True)
     leaves = (x, weight, bias)
 
     def forward():
         for t in leaves:
             t.grad = None
+        if backend == "layer_norm":
+            return torch.nn.functional.layer_norm(x, (H,), weight, bias, 1e-6)
         return polynorm.poly_norm(x, weight, bias, 1e-6, backend=backend)
 
     def step():
@@ -130,7 +140,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(2048, 1024), (16384, 4096)],
                         help="MxH shapes (default: a seed shape and an M*H = 2^26 shape)")
-    parser.add_argument("--backends", nargs="+", default=["cuda", "triton"], choices=["cuda", "triton", "reference"])
+    parser.add_argument("--backends", nargs="+", default=["cuda", "triton", "layer_norm"],
+                        choices=["cuda", "triton", "reference", "layer_norm"],
+                        help="polynorm backends, and layer_norm: torch.nn.functional.layer_norm as the native baseline")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp16", "fp32"])
     parser.add_argument("--trace", type=Path, default=None, help="folder for chrome traces (one per run)")
     args = parser.parse_args(argv)
