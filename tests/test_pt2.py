@@ -418,23 +418,78 @@ def test_export(device, backend):
 
 
 _AOTI_CHILD = """
+import faulthandler
 import sys
+
 import torch
 
+faulthandler.enable()  # a crash prints where it happened
 path, inputs = sys.argv[1], sys.argv[2]
 cases = torch.load(inputs)  # [(x, eager output)], batch and sequence lengths unlike the export's
-try:  # without polynorm's library: the package's call to polynorm::forward has no op to find
-    torch._inductor.aoti_load_package(path)(cases[0][0])
-    print("WITHOUT_IMPORT: ran")
-except RuntimeError as error:
-    print("WITHOUT_IMPORT:", " ".join(str(error).split()))
-import polynorm  # registers torch.ops.polynorm.*: now the package loads and runs
+if sys.argv[3] == "polynorm":
+    try:  # without polynorm's library: the package's call to polynorm::forward has no op to find
+        torch._inductor.aoti_load_package(path)(cases[0][0])
+        print("WITHOUT_IMPORT: ran")
+    except RuntimeError as error:
+        print("WITHOUT_IMPORT:", " ".join(str(error).split()))
+    import polynorm  # registers torch.ops.polynorm.*: now the package loads and runs
 model = torch._inductor.aoti_load_package(path)
 with torch.no_grad():
     for x, expected in cases:
         torch.testing.assert_close(model(x), expected, msg=lambda m: f"shape {tuple(x.shape)}: {m}")
 print("WITH_IMPORT: match")
 """
+
+
+def _aoti_round_trip(module: nn.Module, device, gen, tmp_path, what: str) -> subprocess.CompletedProcess:
+    """Exports ``module`` (dynamic batch and sequence), compiles it into an AOTInductor
+    package, and loads and runs that in a fresh Python process, against eager, for three
+    new batch and sequence lengths. ``what`` is "polynorm" (first try the load without
+    ``import polynorm``) or "plain". The child process keeps a crash out of the test run."""
+    x = _randn((2, 5, H_IN), device, gen)
+    dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("seq", min=1, max=4096)}
+    ep = torch.export.export(module, (x,), dynamic_shapes=(dims,))
+    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / f"{what}.pt2"))
+    with torch.no_grad():
+        cases = [(x, module(x)) for x in (_randn((B, T, H_IN), device, gen) for B, T in [(2, 5), (3, 17), (4, 9)])]
+    torch.save(cases, tmp_path / f"{what}_inputs.pt")
+    return subprocess.run(
+        [sys.executable, "-c", _AOTI_CHILD, path, str(tmp_path / f"{what}_inputs.pt"), what],
+        cwd=ROOT,  # `import polynorm` finds this checkout
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+_AOTI_UPSTREAM: dict = {}
+
+
+def _aoti_upstream_failure(device: str, tmp_path) -> str | None:
+    """None when a package of a torch-only model (Linear, GELU, Linear) loads and runs in a
+    fresh process on ``device``; otherwise how it failed. Checked once per device and run.
+
+    On the H200 image (torch 2.11.0+cu130, 2026-11-30) such a plain package died with a
+    segmentation fault inside ``aoti_load_package`` (AOTInductorModelContainer's
+    constructor, in the package's own wrapper library), on the CPU as on CUDA, with no
+    polynorm in the model or the process: an upstream limit of that torch build and
+    toolchain, not of polynorm (bench/NOTES.md). Where it holds, polynorm's own package
+    cannot be tested there, and test_aoti_package says so instead of failing.
+    """
+    if device not in _AOTI_UPSTREAM:
+        gen = _gen("aoti-plain", device)
+        plain = nn.Sequential(nn.Linear(H_IN, H), nn.GELU(), nn.Linear(H, H_IN)).to(device)
+        child = _aoti_round_trip(plain, device, gen, tmp_path, "plain")
+        ok = child.returncode == 0 and "WITH_IMPORT: match" in child.stdout
+        _AOTI_UPSTREAM[device] = None if ok else (child.returncode, child.stdout + child.stderr)
+    if _AOTI_UPSTREAM[device] is None:
+        return None
+    status, output = _AOTI_UPSTREAM[device]
+    where = [line.strip() for line in output.splitlines() if line.strip().startswith("File ")][:4]
+    return (
+        f"torch {torch.__version__}: a torch-only AOTInductor package ({device}) failed in a fresh process, "
+        f"exit status {status}; " + ("innermost frames: " + " <- ".join(where) if where else output[-400:])
+    )
 
 
 @pytest.mark.parametrize(
@@ -458,26 +513,28 @@ def test_aoti_package(device, backend, tmp_path):
     # AOTInductor compiles the exported program into a package; loaded, it matches eager
     # for a new batch and sequence length. The C++ ops are called by name from the package:
     # polynorm's library must be loaded (import polynorm) before aoti_load_package, which a
-    # fresh process without it shows. The package is loaded and run in a child process only,
-    # so that a crash there (seen once on CUDA with torch 2.11: a segmentation fault inside
-    # aoti_load_package) fails this test instead of ending the whole test run.
-    gen = _gen("aoti", device, backend)
-    block, ep = _export_block(device, backend, gen)
-    path = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "block.pt2"))
-    with torch.no_grad():
-        cases = [(x, block(x)) for x in (_randn((B, T, H_IN), device, gen) for B, T in [(2, 5), (3, 17), (4, 9)])]
-    torch.save(cases, tmp_path / "inputs.pt")
-    child = subprocess.run(
-        [sys.executable, "-c", _AOTI_CHILD, path, str(tmp_path / "inputs.pt")],
-        cwd=ROOT,  # `import polynorm` finds this checkout
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    # fresh process without it shows. Where a package of a torch-only model cannot be
+    # loaded either (an upstream limit, see _aoti_upstream_failure), this is an expected
+    # failure with that reason, so the limit stays visible in the report.
+    upstream = _aoti_upstream_failure(device, tmp_path)
+    if upstream is not None:
+        pytest.xfail(f"upstream, not polynorm: {upstream}")
+    block = Block(backend, device, _gen("aoti", device, backend))
+    child = _aoti_round_trip(block, device, _gen("aoti-inputs", device, backend), tmp_path, "polynorm")
     assert child.returncode == 0, f"exit status {child.returncode}\n" + child.stdout + child.stderr
     if backend != "triton":  # the package calls the C++ op by name (Triton kernels may be compiled in)
         assert "Could not find schema for polynorm::forward" in child.stdout, child.stdout
     assert "WITH_IMPORT: match" in child.stdout, child.stdout
+
+
+def test_aoti_upstream_limit_is_a_crash_at_load(tmp_path):
+    # Pins the upstream limit that test_aoti_package defers to: where a torch-only package
+    # fails, it must be the known failure (a crash inside aoti_load_package), not an error
+    # of ours or a new one that would deserve a look. Where it loads, there is no limit.
+    upstream = _aoti_upstream_failure("cpu", tmp_path)
+    if upstream is None:
+        pytest.skip("a torch-only AOTInductor package loads and runs here: no upstream limit to pin")
+    assert "exit status -11" in upstream and "aoti_load_package" in upstream, upstream
 
 
 # ---------------------------------------------------------------------------------------
