@@ -8,7 +8,12 @@ PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884)::
 Providers: ``polynorm_cuda`` and ``polynorm_triton`` (:func:`polynorm.poly_norm` with that
 backend), ``eager`` (:func:`polynorm.reference.poly_norm`, PyTorch with an fp32 upcast),
 ``torch_compile`` (``torch.compile`` of eager) and ``liger`` (Liger-Kernel's Triton PolyNorm,
-out of place). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
+out of place). Two providers take the host out of the measurement, as a training step under
+CUDA graphs does: ``polynorm_cuda_graph`` captures the timed call (forward, backward or both,
+with the CUDA backend) once with ``torch.cuda.graph`` and times its replays;
+``polynorm_cuda_reduce_overhead`` is ``torch.compile(mode="reduce-overhead")`` of the CUDA
+backend's ``poly_norm`` (cudagraph trees replay its forward and backward graphs), timed in the
+``full`` mode only (a retained graph cannot be replayed as a backward alone). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
 eager. An optional provider that is missing or fails its first call is skipped with a message.
 
 Method (that of the peer numbers in ``shared/anchors/h200-2026-11-29.md``):
@@ -84,9 +89,15 @@ FLOORS = (FLOOR_COPY, FLOOR_ADD)
 # (2); add reads x and grad_y and writes dx (3); full is both (5).
 FLOOR_PASSES = {"forward": 2, "backward": 3, "full": 5}
 FLOOR_LABELS = {"forward": "copy", "backward": "add", "full": "copy + add"}
-GPU_PROVIDERS = ("polynorm_cuda", "polynorm_triton", "eager", "torch_compile", "liger")
+GPU_PROVIDERS = (
+    "polynorm_cuda", "polynorm_triton", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
+    "polynorm_cuda_reduce_overhead",
+)  # fmt: skip
 CPU_PROVIDERS = ("polynorm_cpu", "eager")
-PROVIDERS = ("polynorm_cuda", "polynorm_triton", "polynorm_cpu", "eager", "torch_compile", "liger")
+PROVIDERS = (
+    "polynorm_cuda", "polynorm_triton", "polynorm_cpu", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
+    "polynorm_cuda_reduce_overhead",
+)  # fmt: skip
 # The provider whose effective bandwidth summary.md reports, in order of preference.
 MAIN_PROVIDERS = ("polynorm_cuda", "polynorm_cpu", "polynorm_triton")
 
@@ -230,6 +241,26 @@ def provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
             return torch.compile(functools.partial(reference.poly_norm, eps=eps), fullgraph=True, dynamic=False)
 
         return compiled
+    if name == "polynorm_cuda_graph":
+
+        def graphed() -> ForwardFn:
+            forward = functools.partial(polynorm.poly_norm, eps=eps, backend="cuda")
+            forward.capture = "graph"
+            return forward
+
+        return graphed
+    if name == "polynorm_cuda_reduce_overhead":
+
+        def reduce_overhead() -> ForwardFn:
+            torch.compiler.reset()
+            forward = torch.compile(
+                functools.partial(polynorm.poly_norm, eps=eps, backend="cuda"), mode="reduce-overhead", dynamic=False
+            )
+            call = functools.partial(_call, forward)  # a partial takes the capture attribute
+            call.capture = "reduce-overhead"
+            return call
+
+        return reduce_overhead
     if name == "liger":
         from liger_kernel.ops.poly_norm import LigerPolyNormFunction
 
@@ -237,6 +268,26 @@ def provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
         # backward reuses; the anchors time it out of place too.
         return lambda: lambda x, weight, bias: LigerPolyNormFunction.apply(x, weight, bias, eps, False)
     raise ValueError(f"bench: unknown provider {name!r}")
+
+
+def _call(fn, *args):
+    return fn(*args)
+
+
+def cuda_graphed(fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` captured once in a CUDA graph (after warm-up calls on a side stream, as
+    ``torch.cuda.graph`` requires); returns the graph's replay. The timed inputs are the same
+    tensors on every call, so the captured addresses stay valid."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
 
 
 def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device, eps: float) -> str:
@@ -274,6 +325,12 @@ def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tens
     so no timed call adds to another's gradients.
     """
     inputs = (x, weight, bias)
+    capture = getattr(forward, "capture", None)
+    if capture == "graph":
+        plain = functools.partial(polynorm.poly_norm, eps=forward.keywords["eps"], backend="cuda")
+        return cuda_graphed(mode_fn(mode, plain, x, weight, bias, grad_y))
+    if capture == "reduce-overhead" and mode != "full":
+        raise NotImplementedError(f"{mode}: reduce-overhead is timed in the full mode only")
     if mode == "forward":
         return lambda: forward(*inputs)
     if mode == "backward":
@@ -364,7 +421,8 @@ def bench_shape(M: int, H: int, providers: dict[str, Callable[[], ForwardFn]], a
         forward = measure(f"{name} setup", make_forward)
         if forward is None:
             continue
-        if device.type == "cuda" and not args.no_memory:
+        # The graph providers allocate from their graphs' private pools: not comparable.
+        if device.type == "cuda" and not args.no_memory and getattr(forward, "capture", None) is None:
             peak = measure(f"{name} memory", memory, forward)
             if peak:
                 results[(name, "memory", "full")] = peak
