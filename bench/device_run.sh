@@ -54,7 +54,7 @@ for stage in "${stages[@]}"; do
       tar czf "$OUT/train.tgz" -C "$OUT" train ;;
     suite)
       /usr/bin/time -f "suite wall %e s" timeout "${SUITE_TIMEOUT:-320}" python3 -m pytest tests -q -ra -p no:cacheprovider \
-        -n 8 --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
+        -n 8 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
       grep -E "^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
     dist)
       timeout 200 python3 -m pytest tests/test_distributed.py -v -ra -p no:cacheprovider > "$OUT/tests_distributed.log" 2>&1

@@ -509,6 +509,7 @@ def _aoti_upstream_failure(device: str, tmp_path) -> str | None:
     ]
     + CUDA_KERNEL_CASES,
 )
+@pytest.mark.xdist_group("aoti")  # with pytest-xdist --dist loadgroup: one worker, one torch-only check
 def test_aoti_package(device, backend, tmp_path):
     # AOTInductor compiles the exported program into a package; loaded, it matches eager
     # for a new batch and sequence length. The C++ ops are called by name from the package:
@@ -527,6 +528,7 @@ def test_aoti_package(device, backend, tmp_path):
     assert "WITH_IMPORT: match" in child.stdout, child.stdout
 
 
+@pytest.mark.xdist_group("aoti")
 def test_aoti_upstream_limit_is_a_crash_at_load(tmp_path):
     # Pins the upstream limit that test_aoti_package defers to: where a torch-only package
     # fails, it must be the known failure (a crash inside aoti_load_package), not an error
