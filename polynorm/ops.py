@@ -102,25 +102,34 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         weight: ``(3,)`` tensor ``[w0, w1, w2]`` of any of those dtypes (w0 scales the
             cubic term); fp32 parameters with bf16 activations are the common case.
         bias: ``(1,)`` or ``()`` tensor of any of those dtypes.
-        eps: added to each mean square inside the square root; a real number (Python or
-            NumPy scalar; a one-element tensor in eager mode), finite and >= 0.
+        eps: added to each mean square inside the square root; a real number (a Python or
+            NumPy int or float, or a one-element real tensor; not a bool), finite and >= 0.
+            Under torch.compile a NumPy or tensor eps is read, and checked, when the graph
+            runs (``polynorm::forward_tensor_eps``); a Python float is a graph constant.
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device),
             ``"triton"`` (the Triton kernels, ``torch.ops.polynorm.forward_triton``; x on a
             CUDA device, or on the CPU under ``TRITON_INTERPRET=1``; needs the ``triton``
             package) or ``"reference"`` (:func:`polynorm.reference.poly_norm`, plain PyTorch).
 
+    Every backend also takes meta and fake tensors (shape inference, forward and backward),
+    and an x made under ``torch.inference_mode()``: when a backward is recorded such an x is
+    copied once, since autograd cannot save an inference tensor (``layer_norm`` and
+    ``linear`` refuse such an x).
+
     Returns:
-        y: x's shape and dtype, contiguous. Its gradient gives ``grad_weight`` in
-        weight's dtype and ``grad_bias`` in bias's dtype and shape.
+        y: x's shape and dtype, contiguous. Its gradient gives each parameter's gradient
+        in that parameter's own dtype and shape, summed in fp32 (fp64 for fp64 x) and
+        rounded once.
 
     Raises:
-        TypeError: eps not a real number, with backend ``"reference"`` (the ops' schemas
-            refuse it with a RuntimeError for the other backends).
+        TypeError: eps not a real number (a bool, a string, a complex number, a tensor of
+            several elements).
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
             weight without 3 elements, bias without 1 element, tensors on different
-            devices, backend ``"cuda"`` with x not on a CUDA device, or backend
+            devices, backend ``"cuda"`` with x neither on a CUDA device nor on the meta
+            device, or backend
             ``"triton"`` without the triton package or with CPU tensors outside the
             interpreter. Each message names the op and the argument, with the expected
             and the actual value.

@@ -64,8 +64,8 @@ def poly_norm(
 
     Raises:
         TypeError: an argument not a tensor, or eps not a real number (a bool, a string).
-        RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0, weight
-            without 3 elements, bias without 1 element, or of another dtype, tensors on
+        RuntimeError: x, weight or bias not float32/float64/float16/bfloat16, x 0-d or
+            with H = 0, weight without 3 elements, bias without 1 element, tensors on
             different devices. The same checks and messages as the ops, naming
             ``polynorm.reference.poly_norm``.
         ValueError: eps negative, NaN or infinite.
