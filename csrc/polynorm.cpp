@@ -124,7 +124,8 @@ void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at
 TORCH_LIBRARY(polynorm, m) {
   // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
   m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
-  // grad_weight (3,) and grad_bias (1,) are accumulated in fp32 (fp64 for fp64 x), returned in weight's dtype.
+  // grad_weight (3,) and grad_bias (1,) are accumulated and returned in fp32 (fp64 for fp64 x), the
+  // dtype of rstd, whatever the parameters' dtypes: autograd rounds each to its own parameter's dtype.
   m.def("backward(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, "
         "Tensor grad_bias)");
 }

@@ -1,5 +1,5 @@
 // Autograd for polynorm::forward, in C++: the forward saves x, weight and the rstd cache;
-// the backward calls polynorm::backward. One kernel for every device (it dispatches to
+// the backward calls polynorm::backward and rounds each parameter's gradient to its dtype. One kernel for every device (it dispatches to
 // the CPU or CUDA op below it). In C++ rather than torch.library.register_autograd
 // because the Python wrapper costs tens of microseconds of host time a call, as long as
 // the CUDA backward itself at mid sizes (bench/NOTES.md). The double backward stays
@@ -42,14 +42,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> call_backward(const at::Tensor& g
 
 class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
  public:
+  // copy_x: x is an inference tensor (made under torch.inference_mode()) and this call
+  // records a backward. Autograd refuses to save an inference tensor (it has no version
+  // counter, so a later in-place change under inference_mode could not be detected), yet
+  // the weight and bias gradients need x's rows: x is copied once into a normal tensor,
+  // the clone that PyTorch's own message asks for. No other call copies x.
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
-                               const at::Tensor& bias, double eps) {
+                               const at::Tensor& bias, double eps, bool copy_x) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [y, rstd] = call_forward(x, weight, bias, eps);
-    ctx->save_for_backward({x, weight, rstd});
-    // Gradients come back in each parameter's own shape (weight: any 3 elements; bias:
-    // (1,) or ()) and bias's gradient in bias's dtype.
+    ctx->save_for_backward({copy_x ? x.clone() : x, weight, rstd});
+    // polynorm::backward returns the parameter gradients in the accumulation dtype (fp32,
+    // fp64 for fp64 x): each is rounded once, here, to its own parameter's dtype and shape
+    // (weight: any 3 elements; bias: (1,) or ()).
     ctx->saved_data["weight_sizes"] = weight.sizes().vec();
+    ctx->saved_data["weight_dtype"] = static_cast<int64_t>(weight.scalar_type());
     ctx->saved_data["bias_sizes"] = bias.sizes().vec();
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->mark_non_differentiable({rstd});
@@ -60,7 +67,9 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
     const bool need_x = ctx->needs_input_grad(0);
     const bool need_weight = ctx->needs_input_grad(1);
     const bool need_bias = ctx->needs_input_grad(2);
-    if (!need_x && !need_weight && !need_bias) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!need_x && !need_weight && !need_bias) {
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     const variable_list saved = ctx->get_saved_variables();
     // Without create_graph there is nothing to record: skip polynorm::backward's own
     // autograd kernel (Python, it only refuses double backward) and its host cost.
@@ -68,11 +77,14 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
     if (!c10::GradMode::is_enabled()) below_autograd.emplace();
     // grads[0] is materialised (zeros) when y was not used; grads[1] (rstd) is ignored.
     auto [grad_x, grad_weight, grad_bias] = call_backward(grads[0], saved[0], saved[1], saved[2]);
+    const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
     const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());
     return {
         need_x ? grad_x : at::Tensor(),
-        need_weight ? grad_weight.reshape(ctx->saved_data["weight_sizes"].toIntVector()) : at::Tensor(),
+        need_weight ? grad_weight.to(weight_dtype).reshape(ctx->saved_data["weight_sizes"].toIntVector())
+                    : at::Tensor(),
         need_bias ? grad_bias.to(bias_dtype).reshape(ctx->saved_data["bias_sizes"].toIntVector()) : at::Tensor(),
+        at::Tensor(),
         at::Tensor(),
     };
   }
@@ -86,7 +98,9 @@ std::tuple<at::Tensor, at::Tensor> forward_autograd(const at::Tensor& x, const a
   TORCH_CHECK(x.defined(), "polynorm.forward: expected x to be a Tensor, got None");
   TORCH_CHECK(weight.defined(), "polynorm.forward: expected weight to be a Tensor, got None");
   TORCH_CHECK(bias.defined(), "polynorm.forward: expected bias to be a Tensor, got None");
-  const variable_list out = PolyNormFunction::apply(x, weight, bias, eps);
+  // Function::apply saves for backward only when grad mode is on and an input requires grad.
+  const bool records = c10::GradMode::is_enabled() && (x.requires_grad() || weight.requires_grad() || bias.requires_grad());
+  const variable_list out = PolyNormFunction::apply(x, weight, bias, eps, records && x.is_inference());
   return {out[0], out[1]};
 }
 

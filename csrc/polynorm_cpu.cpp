@@ -163,7 +163,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cpu(const at::
   const auto acc_dtype = opmath_dtype(x.scalar_type());
   at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   if (x_rows.M == 0) {
-    return {grad_x, at::zeros({3}, weight.options()), at::zeros({1}, weight.options())};
+    return {grad_x, at::zeros({3}, x.options().dtype(acc_dtype)), at::zeros({1}, x.options().dtype(acc_dtype))};
   }
   at::Tensor grad_weight = at::empty({3}, x.options().dtype(acc_dtype));
   at::Tensor grad_bias = at::empty({1}, x.options().dtype(acc_dtype));
@@ -180,7 +180,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cpu(const at::
     for (int k = 0; k < 3; ++k) grad_weight.mutable_data_ptr<acc_t>()[k] = total[k];
     grad_bias.mutable_data_ptr<acc_t>()[0] = total[3];
   });
-  return {grad_x, grad_weight.to(weight.scalar_type()), grad_bias.to(weight.scalar_type())};
+  // In the accumulation dtype: autograd rounds each to its own parameter's dtype, once.
+  return {grad_x, grad_weight, grad_bias};
 }
 
 }  // namespace

@@ -166,23 +166,6 @@ __device__ __forceinline__ acc_t load_param(const ParamRef& p, int64_t i) {
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_param(void* ptr, c10::ScalarType dtype, int64_t i, T v) {
-  switch (dtype) {
-    case c10::ScalarType::Double:
-      static_cast<double*>(ptr)[i] = static_cast<double>(v);
-      break;
-    case c10::ScalarType::Half:
-      static_cast<c10::Half*>(ptr)[i] = static_cast<c10::Half>(static_cast<float>(v));
-      break;
-    case c10::ScalarType::BFloat16:
-      static_cast<c10::BFloat16*>(ptr)[i] = static_cast<c10::BFloat16>(static_cast<float>(v));
-      break;
-    default:
-      static_cast<float*>(ptr)[i] = static_cast<float>(v);
-  }
-}
-
 // Loads pack `p` of a row (columns p*VEC .. p*VEC+VEC-1), zero past H. The
 // element-wise path (misaligned rows, the tail of an odd H) gives the same values.
 template <typename scalar_t>
@@ -929,13 +912,13 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
 
 // Second, fixed-order pass over the per-block partials: warp k sums column k (lane l
 // takes blocks l, l + 32, ...; then a fixed xor tree), and writes dw0, dw1, dw2, db in
-// weight's dtype. No atomics: the same bits on every run.
+// the accumulation dtype (autograd rounds each to its parameter's dtype). No atomics:
+// the same bits on every run.
 template <typename acc_t>
 __global__ void poly_norm_bwd_param_kernel(const acc_t* __restrict__ partials,  // [blocks, 4]
                                            int64_t blocks,
-                                           void* grad_weight,  // (3,) weight's dtype
-                                           void* grad_bias,    // (1,) weight's dtype
-                                           c10::ScalarType out_dtype) {
+                                           acc_t* __restrict__ grad_weight,  // (3,) acc_t
+                                           acc_t* __restrict__ grad_bias) {  // (1,) acc_t
   const int col = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   acc_t total = acc_t(0);
@@ -943,9 +926,9 @@ __global__ void poly_norm_bwd_param_kernel(const acc_t* __restrict__ partials,  
   for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
   if (lane == 0) {
     if (col < 3) {
-      store_param(grad_weight, out_dtype, col, total);
+      grad_weight[col] = total;
     } else {
-      store_param(grad_bias, out_dtype, 0, total);
+      grad_bias[0] = total;
     }
   }
 }
@@ -1550,11 +1533,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
   const Rows g_rows = as_rows(grad_y);
   const at::Tensor rstd_c = rstd.contiguous();  // [M, 3]: at most a tiny copy
   at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  // grad_weight and grad_bias in the accumulation dtype (fp32, fp64 for fp64 x), as the schema says.
+  const auto param_grad_options = x.options().dtype(opmath_dtype(x.scalar_type()));
   if (x_rows.M == 0) {
-    return {grad_x, at::zeros({3}, weight.options()), at::zeros({1}, weight.options())};
+    return {grad_x, at::zeros({3}, param_grad_options), at::zeros({1}, param_grad_options)};
   }
-  at::Tensor grad_weight = at::empty({3}, weight.options());
-  at::Tensor grad_bias = at::empty({1}, weight.options());
+  at::Tensor grad_weight = at::empty({3}, param_grad_options);
+  at::Tensor grad_bias = at::empty({1}, param_grad_options);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "polynorm.backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -1601,8 +1586,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
     poly_norm_bwd_param_kernel<acc_t><<<1, 128, 0, stream>>>(partials.const_data_ptr<acc_t>(), blocks,
-                                                             grad_weight.mutable_data_ptr(),
-                                                             grad_bias.mutable_data_ptr(), weight.scalar_type());
+                                                             grad_weight.mutable_data_ptr<acc_t>(),
+                                                             grad_bias.mutable_data_ptr<acc_t>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {grad_x, grad_weight, grad_bias};

@@ -9,10 +9,16 @@ import numbers
 import torch
 from torch import Tensor
 
+try:
+    import numpy as np
+except ImportError:  # NumPy is optional: without it, eps is a Python number or a tensor
+    np = None
+
 __all__ = [
     "check_backward_args",
     "check_eps",
     "check_forward_args",
+    "eps_operand",
     "refuse_double_backward",
     "register_autograd",
     "rstd_dtype",
@@ -42,27 +48,79 @@ def _check_same_device(op: str, x: Tensor, **others: Tensor) -> None:
             raise RuntimeError(f"{op}: expected {name} on x's device {x.device}, got {t.device}")
 
 
+def _describe(eps) -> str:
+    if isinstance(eps, Tensor):
+        return f"a tensor of shape {list(eps.shape)} and dtype {eps.dtype}"
+    if np is not None and isinstance(eps, np.ndarray):
+        return f"a NumPy array of shape {list(eps.shape)} and dtype {eps.dtype}"
+    return type(eps).__name__
+
+
+def _is_real_scalar(eps) -> bool:
+    """A real number: a Python or NumPy int or float, a symbolic one, or a one-element real
+    tensor or NumPy array. Never a bool (Python, NumPy or tensor), which is no eps."""
+    if isinstance(eps, (bool, torch.SymBool)):
+        return False
+    if isinstance(eps, Tensor):
+        return eps.numel() == 1 and not eps.is_complex() and eps.dtype != torch.bool
+    if np is not None and isinstance(eps, np.ndarray):
+        return eps.size == 1 and eps.dtype.kind in "iuf"
+    # NumPy's bool_ is not a numbers.Real; its ints and floats are.
+    return isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt))
+
+
+def _check_eps_value(op: str, value) -> None:
+    # Comparisons rather than math.isfinite, which Dynamo cannot trace on a symbolic float
+    # (an eps argument of a compiled function); NaN fails both.
+    if torch.compiler.is_compiling() or isinstance(value, torch.SymFloat):
+        # Traced (Dynamo shows a symbolic float as a float): torch._check_value guards on a
+        # value with a hint and checks a data-dependent one (eps.item() of a tensor eps)
+        # when the graph runs.
+        message = lambda: f"{op}: expected eps to be finite and >= 0"  # noqa: E731
+        torch._check_value(value >= 0, message)
+        torch._check_value(value < math.inf, message)
+    elif not (value >= 0 and value < math.inf):
+        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
+
+
 def check_eps(op: str, eps) -> float:
     """eps as a Python float, checked as the C++ op checks it.
 
     Accepts any real scalar: a Python or NumPy int or float, or a one-element real tensor
-    (eagerly; under torch.compile its value would be data-dependent).
+    or NumPy array. Under torch.compile a tensor's value is data-dependent: this then
+    returns a symbolic float (``eps.item()``), whose value is checked when the graph runs.
 
     Raises:
-        TypeError: eps not a real number (a string, a complex number, a tensor of several
-            elements).
+        TypeError: eps not a real number (a bool, a string, a complex number, a tensor of
+            several elements or of dtype bool).
         ValueError: eps negative, NaN or infinite.
     """
-    real_tensor = isinstance(eps, Tensor) and eps.numel() == 1 and not eps.is_complex()
-    if not (real_tensor or isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt))):
-        what = f"a tensor of shape {list(eps.shape)} and dtype {eps.dtype}" if isinstance(eps, Tensor) else type(eps).__name__
-        raise TypeError(f"{op}: expected eps to be a real number, got {what}")
-    value = float(eps)
-    # Comparisons rather than math.isfinite, which Dynamo cannot trace on a symbolic float
-    # (an eps argument of a compiled function); NaN fails both.
-    if not (value >= 0 and value < math.inf):
-        raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
+    if not _is_real_scalar(eps):
+        raise TypeError(f"{op}: expected eps to be a real number, got {_describe(eps)}")
+    value = eps if isinstance(eps, torch.SymFloat) else float(eps)
+    _check_eps_value(op, value)
     return value
+
+
+def eps_operand(op: str, eps):
+    """eps as the kernel backends take it: a Python float, or a 0-d tensor under torch.compile.
+
+    Eagerly every real scalar becomes a float (:func:`check_eps`). Under torch.compile a
+    tensor eps, or a NumPy scalar, which Dynamo turns into a 0-d tensor, is a graph input
+    whose value the trace cannot see: it stays a tensor, for an op that reads and checks it
+    when the graph runs (``polynorm::forward_tensor_eps``). Python floats are unchanged.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_eps` (a tensor eps's value under
+            torch.compile: when the graph runs).
+    """
+    is_array = isinstance(eps, Tensor) or (np is not None and isinstance(eps, np.ndarray))
+    if is_array and torch.compiler.is_compiling():
+        t = torch.as_tensor(eps)
+        if not _is_real_scalar(t):
+            raise TypeError(f"{op}: expected eps to be a real number, got {_describe(t)}")
+        return t.reshape(())
+    return check_eps(op, eps)
 
 
 def _require(cond, message, traced: bool) -> None:
@@ -128,39 +186,54 @@ def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd
     _check_same_device(op, x, grad_y=grad_y, weight=weight, rstd=rstd)
 
 
-def register_autograd(forward_op: str, backward_op) -> None:
+def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | None = None) -> None:
     """Makes ``forward_op`` differentiable through ``backward_op`` (same schemas as the C++ ops).
 
-    The backward honours ``needs_input_grad``, returns each gradient in its parameter's
-    shape (weight may be any shape of 3 elements, bias of 1), and the bias gradient in the
-    bias's dtype. ``backward_op`` itself refuses to be differentiated: a gradient of the
-    gradient would otherwise come out as zeros with only a warning.
+    The backward honours ``needs_input_grad`` and returns each parameter's gradient in that
+    parameter's own dtype and shape (weight may be any shape of 3 elements, bias of 1):
+    ``backward_op`` gives both in the accumulation dtype (fp32, fp64 for fp64 x), rounded
+    here once to each parameter's dtype. An x made under ``torch.inference_mode()`` cannot
+    be saved for backward: it is copied once (see ``setup_context``).
+
+    Args:
+        backward_op: the backward op; it is given an autograd kernel that refuses to be
+            differentiated (a gradient of the gradient would otherwise come out as zeros
+            with only a warning).
+        by_backend: instead of ``backward_op``, for a forward whose fifth input is a
+            backend name: the name of each backend's backward op under ``torch.ops.polynorm``.
     """
 
     def setup_context(ctx, inputs, output) -> None:
-        x, weight, bias, _eps = inputs
+        x, weight, bias = inputs[:3]
         _y, rstd = output
         ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(x, weight, rstd)
+        # Autograd refuses to save an inference tensor (x made under torch.inference_mode(),
+        # which has no version counter): the parameter gradients need x's rows, so such an x
+        # is copied once, the clone PyTorch's own message asks for. setup_context runs only
+        # when a backward is recorded; no other x is copied.
+        ctx.save_for_backward(x.clone() if x.is_inference() else x, weight, rstd)
         ctx.weight_shape = weight.shape
+        ctx.weight_dtype = weight.dtype
         ctx.bias_shape = bias.shape
         ctx.bias_dtype = bias.dtype
+        ctx.backward_op = backward_op if by_backend is None else getattr(torch.ops.polynorm, by_backend[inputs[4]])
 
     def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        rest = (None,) * (len(ctx.needs_input_grad) - 3)
         if not (need_x or need_weight or need_bias):
-            return None, None, None, None
+            return (None, None, None) + rest
         x, weight, rstd = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = backward_op(grad_y, x, weight, rstd)
+        grad_x, grad_weight, grad_bias = ctx.backward_op(grad_y, x, weight, rstd)
         return (
             grad_x if need_x else None,
-            grad_weight.reshape(ctx.weight_shape) if need_weight else None,
+            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
             grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-            None,
-        )
+        ) + rest
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
-    refuse_double_backward(backward_op)
+    if by_backend is None:
+        refuse_double_backward(backward_op)
 
 
 def refuse_double_backward(backward_op) -> None:

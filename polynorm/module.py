@@ -17,12 +17,17 @@ class PolyNorm(nn.Module):
 
     Args:
         eps: added to each mean square inside the square root; a real number (Python or
-            NumPy scalar, one-element tensor), finite and >= 0, stored as a Python float.
+            NumPy int or float, one-element real tensor; not a bool), finite and >= 0,
+            stored as a Python float.
         device, dtype: of the parameters (any float dtype, independent of the input's).
         backend: see :func:`polynorm.poly_norm`.
 
+    Built under ``torch.device("meta")`` with any backend, it infers shapes on meta
+    inputs; ``to_empty(device=...)`` then ``reset_parameters()`` gives the module a direct
+    construction gives.
+
     Raises:
-        TypeError: eps not a real number.
+        TypeError: eps not a real number (a bool included).
         ValueError: eps negative, NaN or infinite, or an unknown backend.
 
     Parameters:

@@ -9,7 +9,15 @@ import torch
 from torch import Tensor
 
 from polynorm import reference
-from polynorm._common import check_backward_args, check_forward_args, refuse_double_backward, rstd_dtype
+from polynorm._common import (
+    check_backward_args,
+    check_eps,
+    check_forward_args,
+    eps_operand,
+    refuse_double_backward,
+    register_autograd,
+    rstd_dtype,
+)
 
 try:  # registers torch.ops.polynorm.forward_triton and backward_triton
     from polynorm import triton_kernels as _triton_kernels
@@ -35,11 +43,49 @@ def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) ->
 def _backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     check_backward_args("polynorm.backward", grad_y, x, weight, rstd)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    return grad_x, weight.new_empty((3,)), weight.new_empty((1,))
+    # grad_weight and grad_bias in the accumulation dtype, whatever the parameters' dtypes.
+    acc = rstd_dtype(x.dtype)
+    return grad_x, x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
 
 
 # polynorm::forward is differentiable through its C++ autograd kernel (csrc/polynorm_autograd.cpp).
 refuse_double_backward(torch.ops.polynorm.backward.default)
+
+
+# --------------------------------------------------------------------------------------
+# eps as a tensor under torch.compile
+# --------------------------------------------------------------------------------------
+# The ops take eps as a float. Under torch.compile a tensor eps, or a NumPy scalar (which
+# Dynamo turns into a 0-d tensor), is a graph input whose value the trace cannot see, and
+# the C++ schema's float refuses a data-dependent symbolic float. This op takes eps as a
+# tensor instead: the compiled graph keeps one call, which reads eps, checks it, and runs
+# the backend's forward when the graph runs. Eagerly, poly_norm never uses it.
+_KERNEL_OPS = {"auto": "forward", "cuda": "forward", "triton": "forward_triton"}
+
+
+@torch.library.custom_op("polynorm::forward_tensor_eps", mutates_args=())
+def _forward_tensor_eps(x: Tensor, weight: Tensor, bias: Tensor, eps: Tensor, backend: str) -> tuple[Tensor, Tensor]:
+    """``polynorm::forward`` (backend ``"auto"``/``"cuda"``) or ``forward_triton``
+    (``"triton"``) with eps a one-element real tensor, read when the op runs."""
+    value = check_eps("polynorm.poly_norm", eps)
+    y, rstd = getattr(torch.ops.polynorm, _KERNEL_OPS[backend])(x, weight, bias, value)
+    return y, rstd
+
+
+@_forward_tensor_eps.register_fake
+def _forward_tensor_eps_fake(x: Tensor, weight: Tensor, bias: Tensor, eps: Tensor, backend: str):
+    if backend not in _KERNEL_OPS:
+        raise ValueError(f"polynorm.forward_tensor_eps: expected backend to be one of auto, cuda, triton, got {backend!r}")
+    if eps.numel() != 1 or eps.is_complex() or eps.dtype == torch.bool:
+        raise TypeError(f"polynorm.poly_norm: expected eps to be a real number, got a tensor of shape "
+                        f"{list(eps.shape)} and dtype {eps.dtype}")
+    return _forward_fake(x, weight, bias, 0.0)  # eps's value is checked when the op runs
+
+
+register_autograd(
+    "polynorm::forward_tensor_eps",
+    by_backend={"auto": "backward", "cuda": "backward", "triton": "backward_triton"},
+)
 
 
 def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backend: str = "auto") -> Tensor:
@@ -56,45 +102,63 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
         weight: ``(3,)`` tensor ``[w0, w1, w2]`` of any of those dtypes (w0 scales the
             cubic term); fp32 parameters with bf16 activations are the common case.
         bias: ``(1,)`` or ``()`` tensor of any of those dtypes.
-        eps: added to each mean square inside the square root; a real number (Python or
-            NumPy scalar; a one-element tensor in eager mode), finite and >= 0.
+        eps: added to each mean square inside the square root; a real number (a Python or
+            NumPy int or float, or a one-element real tensor; not a bool), finite and >= 0.
+            Under torch.compile a NumPy or tensor eps is read, and checked, when the graph
+            runs (``polynorm::forward_tensor_eps``); a Python float is a graph constant.
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors), ``"cuda"`` (the CUDA kernels; x must be on a CUDA device),
             ``"triton"`` (the Triton kernels, ``torch.ops.polynorm.forward_triton``; x on a
             CUDA device, or on the CPU under ``TRITON_INTERPRET=1``; needs the ``triton``
             package) or ``"reference"`` (:func:`polynorm.reference.poly_norm`, plain PyTorch).
 
+    Every backend also takes meta and fake tensors (shape inference, forward and backward),
+    and an x made under ``torch.inference_mode()``: when a backward is recorded such an x is
+    copied once, since autograd cannot save an inference tensor (``layer_norm`` and
+    ``linear`` refuse such an x).
+
     Returns:
-        y: x's shape and dtype, contiguous. Its gradient gives ``grad_weight`` in
-        weight's dtype and ``grad_bias`` in bias's dtype and shape.
+        y: x's shape and dtype, contiguous. Its gradient gives each parameter's gradient
+        in that parameter's own dtype and shape, summed in fp32 (fp64 for fp64 x) and
+        rounded once.
 
     Raises:
-        TypeError: eps not a real number, with backend ``"reference"`` (the ops' schemas
-            refuse it with a RuntimeError for the other backends).
+        TypeError: eps not a real number (a bool, a string, a complex number, a tensor of
+            several elements).
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
             weight without 3 elements, bias without 1 element, tensors on different
-            devices, backend ``"cuda"`` with x not on a CUDA device, or backend
+            devices, backend ``"cuda"`` with x neither on a CUDA device nor on the meta
+            device, or backend
             ``"triton"`` without the triton package or with CPU tensors outside the
             interpreter. Each message names the op and the argument, with the expected
             and the actual value.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    if type(eps) is not float:  # the common case, a Python float, goes straight to the op
+        eps = eps_operand("polynorm.poly_norm", eps)
     if backend == "auto":
-        return torch.ops.polynorm.forward(x, weight, bias, eps)[0]
-    if backend == "cuda":
-        if not x.is_cuda:
-            raise RuntimeError(f"polynorm.poly_norm: backend 'cuda' expected x on a CUDA device, got {x.device}")
-        return torch.ops.polynorm.forward(x, weight, bias, eps)[0]
-    if backend == "triton":
+        op = torch.ops.polynorm.forward
+    elif backend == "cuda":
+        # The meta device too: shape inference (a module built under torch.device("meta")).
+        if not (x.is_cuda or x.is_meta):
+            raise RuntimeError(
+                f"polynorm.poly_norm: backend 'cuda' expected x on a CUDA device (or the meta device), got {x.device}"
+            )
+        op = torch.ops.polynorm.forward
+    elif backend == "triton":
         if _triton_kernels is None:
             raise RuntimeError(
                 "polynorm.poly_norm: backend 'triton' expected the triton package to import, "
                 f"got {_TRITON_IMPORT_ERROR}"
             )
-        return torch.ops.polynorm.forward_triton(x, weight, bias, eps)[0]
-    if backend == "reference":
+        op = torch.ops.polynorm.forward_triton
+    elif backend == "reference":
         eps = check_forward_args("polynorm.poly_norm", x, weight, bias, eps, traced=torch.compiler.is_compiling())
-        return reference.poly_norm(x, weight, bias, eps)
-    raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+        return reference._poly_norm(x, weight, bias, eps)
+    else:
+        raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if isinstance(eps, Tensor):  # only under torch.compile (see eps_operand)
+        return torch.ops.polynorm.forward_tensor_eps(x, weight, bias, eps, backend)[0]
+    return op(x, weight, bias, eps)[0]

@@ -14,6 +14,8 @@ the backward too when run with ``compute_dtype=torch.float64``.
 import torch
 from torch import Tensor
 
+from polynorm._common import check_forward_args
+
 __all__ = ["poly_norm", "rstd"]
 
 
@@ -43,19 +45,41 @@ def poly_norm(
 ) -> Tensor:
     """PolyNorm in plain PyTorch: ``y = w0 norm(x^3) + w1 norm(x^2) + w2 norm(x) + b``.
 
+    ``norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)`` over the last dimension H.
+
     Args:
-        x: ``(..., H)`` tensor, any floating dtype.
-        weight: ``(3,)`` tensor ``[w0, w1, w2]``; w0 scales the cubic term.
-        bias: ``(1,)`` or ``()`` tensor.
-        eps: added to each mean square inside the square root.
+        x: ``(..., H)`` tensor of float32, float64, float16 or bfloat16, H >= 1.
+        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes;
+            w0 scales the cubic term.
+        bias: ``(1,)`` or ``()``, any of those dtypes.
+        eps: added to each mean square inside the square root; a real number (Python or
+            NumPy scalar, one-element tensor), finite and >= 0.
         compute_dtype: dtype of the computation; promoted with ``x.dtype``, so the
             default float32 upcasts fp16/bf16 and leaves float64 alone.
 
     Returns:
         y, with x's shape and dtype (rounded once from ``compute_dtype``), contiguous.
+        Autograd differentiates it: each parameter's gradient comes back in that
+        parameter's dtype.
+
+    Raises:
+        TypeError: an argument not a tensor, or eps not a real number (a bool, a string).
+        RuntimeError: x, weight or bias not float32/float64/float16/bfloat16, x 0-d or
+            with H = 0, weight without 3 elements, bias without 1 element, tensors on
+            different devices. The same checks and messages as the ops, naming
+            ``polynorm.reference.poly_norm``.
+        ValueError: eps negative, NaN or infinite.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    eps = check_forward_args(
+        "polynorm.reference.poly_norm", x, weight, bias, eps, traced=torch.compiler.is_compiling()
+    )
+    return _poly_norm(x, weight, bias, eps, compute_dtype=compute_dtype)
+
+
+def _poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps, *, compute_dtype: torch.dtype = torch.float32) -> Tensor:
+    # poly_norm without the argument checks (polynorm.poly_norm runs them under its own name).
     dtype = _compute_dtype(x, compute_dtype)
     # Contiguous, so that y is contiguous whatever x's strides (a copy only when x is not).
     xc = x.to(dtype, memory_format=torch.contiguous_format).contiguous()

@@ -309,11 +309,12 @@ def _poly_norm_bwd_kernel(
 def _poly_norm_bwd_param_kernel(
     partials_ptr,  # [P, 4] fp32 (fp64 for fp64 x)
     P,
-    grad_w_ptr,  # (3,) weight's dtype
-    grad_b_ptr,  # (1,) weight's dtype
+    grad_w_ptr,  # (3,) the partials' dtype
+    grad_b_ptr,  # (1,) the partials' dtype
     BLOCK_P: tl.constexpr,
 ):
-    # One program: adds the partials in a fixed order (BLOCK_P lanes, then a fixed tree).
+    # One program: adds the partials in a fixed order (BLOCK_P lanes, then a fixed tree),
+    # and stores the sums unrounded: autograd rounds each to its parameter's dtype.
     ACC = partials_ptr.dtype.element_ty
     offs = tl.arange(0, BLOCK_P)
     cols = tl.arange(0, 4)
@@ -322,12 +323,9 @@ def _poly_norm_bwd_param_kernel(
         p = p0 + offs
         acc += tl.load(partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0)
     total = tl.sum(acc, axis=0)  # [4]: dw0, dw1, dw2, db
-    out_ty = grad_w_ptr.dtype.element_ty
-    if out_ty != tl.float64:
-        total = total.to(tl.float32)  # fp64 -> fp32 -> narrow, as the CUDA kernel rounds
-    tl.store(grad_w_ptr + cols, _to_out(total, out_ty), mask=cols < 3)
+    tl.store(grad_w_ptr + cols, total, mask=cols < 3)
     db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
-    tl.store(grad_b_ptr, _to_out(db, out_ty))
+    tl.store(grad_b_ptr, db)
 
 
 # ----------------------------------------------------------------------------------------
@@ -425,12 +423,15 @@ def _interpreted() -> bool:
 
 
 def _launchable(*tensors: Tensor) -> bool:
-    # Under fake or functional tensors (opcheck, torch.compile tracing), wrap_triton
-    # records the launch; the interpreter would instead run the kernel on them, which it
-    # cannot: there only the output shapes are produced.
+    # Meta tensors (shape inference, a module built under torch.device("meta")) have no
+    # data: only the output shapes are produced. Under fake or functional tensors (opcheck,
+    # torch.compile tracing), wrap_triton records the launch; the interpreter would instead
+    # run the kernel on them, which it cannot: there too only the output shapes are produced.
+    if any(t.device.type == "meta" for t in tensors):
+        return False
     if not _interpreted():
         return True
-    return not any(is_fake(t) or t.device.type == "meta" for t in tensors)
+    return not any(is_fake(t) for t in tensors)
 
 
 def _acc_dtype(x_dtype: torch.dtype) -> torch.dtype:
@@ -590,7 +591,8 @@ def poly_norm_backward_triton(
 
     Returns:
         grad_x: x's shape and dtype, contiguous. grad_weight ``(3,)`` and grad_bias
-        ``(1,)`` in weight's dtype (zeros when M = 0).
+        ``(1,)`` in the accumulation dtype, float32 (float64 for float64 x), whatever
+        weight's dtype (zeros when M = 0); autograd rounds each to its parameter's dtype.
 
     Raises:
         RuntimeError: as the forward for x and weight; grad_y not of x's shape, dtype
@@ -607,12 +609,14 @@ def poly_norm_backward_triton(
     x_rows, M, H, x_row_stride = _as_rows(x)
     g_rows, _, _, g_row_stride = _as_rows(grad_y)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    # grad_weight and grad_bias in the accumulation dtype: autograd rounds each to its
+    # parameter's dtype.
     if M == 0:
-        return grad_x, weight.new_zeros((3,)), weight.new_zeros((1,))
+        return grad_x, x.new_zeros((3,), dtype=acc), x.new_zeros((1,), dtype=acc)
     rstd_c = rstd.contiguous()  # [M, 3]: at most a tiny copy
     w, w_stride = _flat(weight)
-    grad_weight = weight.new_empty((3,))
-    grad_bias = weight.new_empty((1,))
+    grad_weight = x.new_empty((3,), dtype=acc)
+    grad_bias = x.new_empty((1,), dtype=acc)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
     num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
     # [max_programs, 4], of which the first num_programs rows are written and summed: a

@@ -175,7 +175,7 @@ def check_against_oracle(out: Grads, x, g, w, b, eps, what: str = ""):
       (1e-4..1e-3), and what bounds fp32/fp64, where the rounding to x's dtype is no
       larger than the computation's own error.
     - dw and db: accumulated in fp32 (fp64), within 1e-5 relative, plus the same
-      roundoff-times-scale term, plus the rounding to weight's dtype.
+      roundoff-times-scale term, plus the one rounding to the parameter's dtype.
     """
     oracle = autograd_reference(x, g, w, b, eps, torch.float64)
     ref32 = autograd_reference(x, g, w, b, eps, torch.float32)

@@ -188,7 +188,7 @@ def test_unknown_backend():
 
 def test_cuda_backend_needs_cuda_tensor():
     x, w, b = _inputs("cpu")
-    with pytest.raises(RuntimeError, match=r"backend 'cuda' expected x on a CUDA device, got cpu"):
+    with pytest.raises(RuntimeError, match=r"backend 'cuda' expected x on a CUDA device \(or the meta device\), got cpu"):
         polynorm.poly_norm(x, w, b, backend="cuda")
 
 
@@ -205,7 +205,7 @@ def _opcheck_samples(device):
             x = x.t().contiguous().t()
         elif layout == "s":
             x = torch.randn(shape[0], shape[1] + 2, generator=gen).to(dtype).to(device)[:, : shape[1]]
-        w, b = make_params(torch.float32, device, gen)
+        w, b = make_params(torch.float16 if i == 1 else torch.float32, device, gen)
         for requires_grad in (False, True):
             samples.append((x.detach().clone().requires_grad_(requires_grad), w.clone().requires_grad_(requires_grad),
                             b.clone().requires_grad_(requires_grad), 1e-6))
@@ -308,3 +308,134 @@ def test_ops_registered_for_cpu_and_cuda():
     for op in ("forward", "backward"):
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"polynorm::{op}", "CPU")
         assert torch._C._dispatch_has_kernel_for_dispatch_key(f"polynorm::{op}", "CUDA")
+
+
+# ------------------------------------------------------------ eps: bools are no eps
+ALL_CASES = [
+    ("cpu", "auto"),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
+    ("cpu", "reference"),
+    pytest.param("cuda", "auto", marks=requires_cuda),
+    pytest.param("cuda", "cuda", marks=requires_cuda),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
+    pytest.param("cuda", "reference", marks=requires_cuda),
+]
+
+
+def _bools():
+    np = pytest.importorskip("numpy")
+    return [(True, "bool"), (False, "bool"), (np.bool_(True), "bool"), (torch.tensor(True), "a tensor of shape [] and dtype torch.bool")]
+
+
+@pytest.mark.parametrize("device,backend", ALL_CASES)
+def test_eps_bool_is_refused(device, backend):
+    # Issue 16: eps=True was taken as 1.0. Every backend, the module and the reference
+    # refuse it with the TypeError of any other non-real eps.
+    x, w, b = _inputs(device)
+    for eps, what in _bools():
+        with pytest.raises(TypeError, match=rf"polynorm\.poly_norm: expected eps to be a real number, got {re.escape(what)}"):
+            polynorm.poly_norm(x, w, b, eps, backend=backend)
+        with pytest.raises(TypeError, match=rf"polynorm\.PolyNorm: expected eps to be a real number, got {re.escape(what)}"):
+            polynorm.PolyNorm(eps=eps, backend=backend)
+        with pytest.raises(TypeError, match=r"polynorm\.reference\.poly_norm: expected eps to be a real number"):
+            polynorm.reference.poly_norm(x, w, b, eps)
+
+
+@pytest.mark.parametrize("device,backend", ALL_CASES)
+def test_eps_real_forms_eager(device, backend):
+    # Every real form gives the bits of the Python float it holds.
+    np = pytest.importorskip("numpy")
+    x, w, b = _inputs(device)
+    for eps in (np.float32(0.25), np.float64(0.25), np.int64(1), 1, torch.tensor(0.25), torch.tensor([0.25], dtype=torch.float64), np.array(0.25)):
+        expected = polynorm.poly_norm(x, w, b, float(eps), backend=backend)
+        assert torch.equal(polynorm.poly_norm(x, w, b, eps, backend=backend), expected), repr(eps)
+
+
+# ------------------------------------------------- x made under torch.inference_mode()
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5, 40)])
+@pytest.mark.parametrize("device,backend", ALL_CASES)
+def test_inference_mode_x_with_trainable_parameters(device, backend, shape):
+    # Issue 16: activations precomputed under inference_mode, then a weight and bias that
+    # require grad. torch.nn.functional.layer_norm and linear refuse such an x ("Inference
+    # tensors cannot be saved for backward"); polynorm copies x once and gives the
+    # reference's parameter gradients.
+    gen = torch.Generator().manual_seed(seed_for("inference-x", device, backend, shape))
+    with torch.inference_mode():
+        x = torch.randn(shape, generator=gen).to(device)
+    assert x.is_inference()
+    g = torch.randn(shape, generator=gen).to(device)
+    w32, b32 = make_params(torch.float32, device, gen)
+    for w0, b0 in ((w32, b32), (w32.to(torch.bfloat16), b32)):
+        w, b = w0.clone().requires_grad_(), b0.clone().requires_grad_()
+        x_before = x.clone()
+        y = polynorm.poly_norm(x, w, b, 1e-6, backend=backend)
+        assert not y.is_inference() and y.requires_grad
+        y.backward(g)
+        assert torch.equal(x, x_before)
+        xr = x.clone()  # a normal tensor: the reference on it
+        wr, br = w0.double().requires_grad_(), b0.double().requires_grad_()
+        polynorm.reference.poly_norm(xr.double(), wr, br, 1e-6, compute_dtype=torch.float64).backward(g.double())
+        torch.testing.assert_close(w.grad.double(), wr.grad, rtol=1e-5 if w0.dtype == torch.float32 else 8e-3, atol=1e-5)
+        torch.testing.assert_close(b.grad.double(), br.grad, rtol=1e-5, atol=1e-5)
+        # The module too, and without a recorded backward nothing is saved or copied.
+        m = polynorm.PolyNorm(backend=backend, device=device)
+        m(x).sum().backward()
+        assert m.weight.grad is not None and m.bias.grad is not None
+        with torch.no_grad():
+            torch.testing.assert_close(polynorm.poly_norm(x, w, b, 1e-6, backend=backend), y.detach())
+
+
+# ------------------------------------------------------------- meta and fake tensors
+@pytest.mark.parametrize("backend", ["auto", "cuda", pytest.param("triton", marks=requires_triton), "reference"])
+def test_meta_module_every_backend(backend):
+    # Issue 16: a module built under torch.device("meta") (deferred initialisation, FSDP)
+    # infers shapes, forward and backward, for every backend, as native ops do; no device
+    # is needed, not even for backend="cuda".
+    with torch.device("meta"):
+        m = polynorm.PolyNorm(backend=backend, eps=1e-5)
+        x = torch.randn(2, 5, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = m(x)
+    assert y.is_meta and y.shape == x.shape and y.dtype == torch.bfloat16
+    y.sum().backward()
+    assert x.grad.is_meta and x.grad.shape == x.shape and x.grad.dtype == torch.bfloat16
+    assert m.weight.grad.is_meta and m.weight.grad.shape == (3,) and m.weight.grad.dtype == torch.float32
+    assert m.bias.grad.is_meta and m.bias.grad.shape == (1,) and m.bias.grad.dtype == torch.float32
+    # A 16-bit module: each gradient in its parameter's dtype.
+    with torch.device("meta"):
+        m16 = polynorm.PolyNorm(backend=backend, dtype=torch.float16)
+    m16(x).sum().backward()
+    assert m16.weight.grad.dtype == torch.float16 and m16.bias.grad.dtype == torch.float16
+
+
+@pytest.mark.parametrize("device,backend", ALL_CASES)
+def test_meta_then_to_empty_and_reset_parameters(device, backend):
+    # to_empty(device=...) plus reset_parameters() gives the module a direct construction gives.
+    with torch.device("meta"):
+        deferred = polynorm.PolyNorm(eps=1e-5, backend=backend, dtype=torch.float64)
+    deferred.to_empty(device=device)
+    deferred.reset_parameters()
+    direct = polynorm.PolyNorm(eps=1e-5, backend=backend, dtype=torch.float64, device=device)
+    assert repr(deferred) == repr(direct)
+    for (name, p), (_, q) in zip(deferred.named_parameters(), direct.named_parameters()):
+        assert p.device == q.device and p.dtype == q.dtype and torch.equal(p, q), name
+    gen = torch.Generator().manual_seed(seed_for("to_empty", device, backend))
+    x = torch.randn(3, 40, generator=gen).to(device)
+    g = torch.randn(3, 40, generator=gen).to(device)
+    deferred(x).backward(g)
+    direct(x).backward(g)
+    for p, q in zip(deferred.parameters(), direct.parameters()):
+        assert torch.equal(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("device,backend", ALL_CASES)
+def test_fake_tensor_forward_backward(device, backend):
+    # Fake tensors (torch.compile's tracing, FSDP's shape inference) on x's own device.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x = torch.randn(4, 7, 48, dtype=torch.float16, device=device, requires_grad=True)
+        m = polynorm.PolyNorm(backend=backend, device=device, dtype=torch.bfloat16)
+        y = m(x)
+        y.sum().backward()
+        assert y.shape == x.shape and y.dtype == torch.float16 and y.device == x.device
+        assert x.grad.shape == x.shape and m.weight.grad.dtype == torch.bfloat16 and m.bias.grad.shape == (1,)

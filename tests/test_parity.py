@@ -1,13 +1,17 @@
 """Every backend against the float64 oracle, over one shared matrix of shapes, dtypes and layouts."""
 
+import math
+
 import pytest
 import torch
 
+import polynorm
 from _matrix import (
     BACKENDS,
     DTYPES,
     LAYOUTS,
     check_against_oracle,
+    closed_form,
     make_params,
     make_rows,
     requires_cuda,
@@ -126,3 +130,95 @@ def test_empty(device, backend, dtype):
     y.sum().backward()
     assert x.grad.shape == x.shape
     assert torch.equal(w.grad, torch.zeros(3, device=device)) and torch.equal(b.grad, torch.zeros(1, device=device))
+
+
+# ---------------------------------------------------------------------------------------
+# Parameter gradients: accumulated in fp32 and rounded once, each to its own dtype
+# ---------------------------------------------------------------------------------------
+# Issue 16: an fp32 bias next to an fp16 or bf16 weight had its gradient rounded through
+# the weight's dtype (inf past 65504 with an fp16 weight). Every (weight, bias) dtype pair,
+# for every backend, the reference included.
+ALL_BACKENDS = BACKENDS + [("cpu", "reference"), pytest.param("cuda", "reference", marks=requires_cuda)]
+
+
+def _param_grads(backend, x, g, w, b):
+    w_ = w.detach().clone().requires_grad_(True)
+    b_ = b.detach().clone().requires_grad_(True)
+    polynorm.poly_norm(x, w_, b_, 1e-6, backend=backend).backward(g)
+    return w_.grad, b_.grad
+
+
+@pytest.mark.parametrize("bias_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("weight_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device,backend", ALL_BACKENDS)
+def test_param_grads_rounded_once_to_own_dtype(device, backend, x_dtype, weight_dtype, bias_dtype):
+    gen = torch.Generator().manual_seed(seed_for("param-grad-dtypes", device, backend, x_dtype, weight_dtype, bias_dtype))
+    M, H = 6, 300
+    x = make_rows(M, H, x_dtype, device, "contiguous", gen)
+    g = make_rows(M, H, x_dtype, device, "contiguous", gen)
+    w32, b32 = make_params(torch.float32, device, gen)
+    w, b = w32.to(weight_dtype), b32.to(bias_dtype)
+    dw, db = _param_grads(backend, x, g, w, b)
+    assert dw.dtype == weight_dtype and dw.shape == w.shape, (dw.dtype, dw.shape)
+    assert db.dtype == bias_dtype and db.shape == b.shape, (db.dtype, db.shape)
+    exact, scale = closed_form(x, g, w, b, 1e-6)
+    n = math.log2(x.numel())
+    u = torch.finfo(torch.float32).eps / 2
+    for name, got, param, exp, sc in (("dw", dw, w, exact.dw, scale.dw), ("db", db, b, exact.db, scale.db)):
+        got, exp, sc = got.double().reshape(-1).cpu(), exp.reshape(-1).cpu(), sc.reshape(-1).cpu()
+        # The fp32 sum's own error, then one rounding to the parameter's dtype. Rounding
+        # through a narrower dtype first (the bug) misses this by that dtype's unit roundoff.
+        accumulated = 4 * u * sc * n
+        tol = accumulated + torch.finfo(param.dtype).eps / 2 * (exp.abs() + accumulated)
+        assert torch.all((got - exp).abs() <= tol), f"{name}: got {got.tolist()}, expected {exp.tolist()}"
+
+
+@pytest.mark.parametrize("device,backend", ALL_BACKENDS)
+def test_fp32_bias_beside_16bit_weight(device, backend):
+    # The issue's two inputs, with fresh random x. A bias gradient of 65536 (above fp16's
+    # largest finite value, 65504) must not saturate to inf through an fp16 weight, and 2.001
+    # must not round to bf16's 2.0.
+    gen = torch.Generator().manual_seed(seed_for("fp32-bias-16bit-weight", device, backend))
+    x = torch.randn(1, 65536, generator=gen).to(device)
+    w = torch.full((3,), 1 / 3, dtype=torch.float16, device=device)
+    b = torch.zeros(1, device=device)
+    _, db = _param_grads(backend, x, torch.ones_like(x), w, b)
+    assert db.dtype == torch.float32 and db.item() == 65536.0, db
+
+    x = torch.randn(1, 3, generator=gen).to(device)
+    g = torch.tensor([[1.0, 1.0, 1e-3]], device=device)
+    w = torch.full((3,), 1 / 3, dtype=torch.bfloat16, device=device)
+    _, db = _param_grads(backend, x, g, w, b)
+    torch.testing.assert_close(db, g.sum().reshape(1), rtol=2e-7, atol=0)
+    assert db.item() != 2.0
+
+    # And the other way round: an fp32 weight beside an fp16 bias. The weight's gradient
+    # keeps fp32's precision; the bias's, 65536, is rounded to its own dtype: inf in fp16,
+    # as the reference (and autograd of any op) gives it.
+    x = torch.randn(16, 4096, generator=gen).to(device) * 30
+    g = torch.randn(16, 4096, generator=gen).abs().to(device) + 1
+    w = torch.tensor([0.3, -0.4, 0.9], device=device)
+    dw, db = _param_grads(backend, x, g, w, torch.zeros(1, dtype=torch.float16, device=device))
+    exact, _ = closed_form(x, g, w, b, 1e-6)
+    assert dw.dtype == torch.float32 and db.dtype == torch.float16
+    torch.testing.assert_close(dw.double().cpu(), exact.dw.cpu(), rtol=1e-5, atol=0)
+    assert torch.isinf(db).all()
+
+
+@pytest.mark.parametrize("weight_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("x_dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device,backend", BACKENDS)
+def test_backward_op_returns_param_grads_in_accumulation_dtype(device, backend, x_dtype, weight_dtype):
+    # The op's schema: grad_weight and grad_bias in fp32 (fp64 for fp64 x), whatever weight's dtype.
+    fwd, bwd = (("forward_triton", "backward_triton") if backend == "triton" else ("forward", "backward"))
+    gen = torch.Generator().manual_seed(seed_for("bwd-op-acc-dtype", device, backend, x_dtype, weight_dtype))
+    x = make_rows(3, 50, x_dtype, device, "contiguous", gen)
+    g = make_rows(3, 50, x_dtype, device, "contiguous", gen)
+    w, b = make_params(weight_dtype, device, gen)
+    _, rstd = getattr(torch.ops.polynorm, fwd)(x, w, b, 1e-6)
+    _, dw, db = getattr(torch.ops.polynorm, bwd)(g, x, w, rstd)
+    acc = torch.float64 if x_dtype == torch.float64 else torch.float32
+    assert dw.dtype == acc and db.dtype == acc and dw.shape == (3,) and db.shape == (1,)
+    exact, _ = closed_form(x, g, w, b, 1e-6)
+    torch.testing.assert_close(db.double().cpu(), exact.db.cpu(), rtol=1e-5, atol=1e-4)

@@ -20,6 +20,7 @@ import copy
 import io
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -182,6 +183,69 @@ def test_compile_block_fullgraph(device, backend):
     names = ["x"] + [n for n, _ in block.named_parameters()]
     for name, got, exp in zip(names, grads_c, grads_e):
         torch.testing.assert_close(got, exp, msg=lambda m: f"grad of {name}: {m}")
+
+
+# Issue 16: eps as every form eager mode accepts, compiled. Dynamo turns a NumPy scalar
+# into a 0-d tensor, and a tensor's value is data the trace cannot see: the kernel backends
+# then call polynorm::forward_tensor_eps, which reads eps when the graph runs.
+EPS_FORMS = {
+    "float": lambda v: v,
+    "numpy.float32": lambda v: __import__("numpy").float32(v),
+    "numpy.float64": lambda v: __import__("numpy").float64(v),
+    "tensor-0d": lambda v: torch.tensor(v, dtype=torch.float64),
+}
+
+
+@pytest.mark.parametrize("form", list(EPS_FORMS))
+@pytest.mark.parametrize(
+    "device,backend", CASES + [pytest.param("cuda", "auto", marks=requires_cuda, id="cuda-auto")]
+)
+def test_compile_eps_forms(device, backend, form):
+    pytest.importorskip("numpy")
+    gen = _gen("eps_forms", device, backend, form)
+    x = _randn((3, 5, H), device, gen)
+    g = _randn((3, 5, H), device, gen)
+    w, b = make_params(torch.float32, device, gen)
+
+    def fn(x, w, b, eps):
+        return polynorm.poly_norm(x, w, b, eps, backend=backend)
+
+    def run(f, eps):
+        args = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+        y = f(*args, eps)
+        return Grads(y.detach(), *torch.autograd.grad(y, args, g))
+
+    compiled = torch.compile(fn, fullgraph=True)
+    # A second value: a tensor eps is an input of the graph, whose new value must be used.
+    for value in (1e-3, 0.5):
+        eps = EPS_FORMS[form](value)
+        eager, comp = run(fn, eps), run(compiled, eps)
+        assert torch.equal(eager.y, run(fn, float(eps)).y)  # eager: the form holds its float
+        for name in ("y", "dx", "dw", "db"):
+            got, exp = getattr(comp, name), getattr(eager, name)
+            if backend != "reference" and name == "y":
+                assert torch.equal(got, exp), f"eps={eps!r}: y differs from eager"
+            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+
+
+@pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_eps_checked_when_graph_runs(device, backend, form):
+    # A bad eps in a form whose value the trace cannot see is refused when the graph runs:
+    # the kernel backends with poly_norm's ValueError, the reference (plain PyTorch, which
+    # reads eps.item()) with the failed runtime check on it.
+    pytest.importorskip("numpy")
+    x = _randn((2, H), device, _gen("eps_checked", device, backend, form))
+    w, b = make_params(torch.float32, device, _gen("eps_checked_params"))
+    compiled = torch.compile(lambda x, eps: polynorm.poly_norm(x, w, b, eps, backend=backend), fullgraph=True)
+    compiled(x, EPS_FORMS[form](1e-6))
+    for bad in (-1.0, float("nan"), float("inf")):
+        if backend == "reference":
+            with pytest.raises(RuntimeError):
+                compiled(x, EPS_FORMS[form](bad))
+        else:
+            with pytest.raises(ValueError, match=re.escape("polynorm.poly_norm: expected eps to be finite and >= 0")):
+                compiled(x, EPS_FORMS[form](bad))
 
 
 def _rows_past_triton_bwd_cap(device) -> int:

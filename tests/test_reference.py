@@ -1,5 +1,7 @@
 """The oracle itself: polynorm.reference (with autograd) against docs/MATH.md's closed form."""
 
+import re
+
 import pytest
 import torch
 
@@ -55,3 +57,45 @@ def test_reference_output_is_contiguous(layout):
     y = reference.poly_norm(x, w, b)
     assert y.is_contiguous() and y.shape == x.shape
     torch.testing.assert_close(y, reference.poly_norm(x.contiguous(), w, b), rtol=0, atol=0)
+
+
+# Issue 16: the oracle checked nothing (an int64 x gave an int64 y, eps = -5 gave NaN, a
+# 2-element weight a reshape error). It now runs the ops' checks, with their messages.
+_GOOD = dict(x=torch.randn(3, 8), weight=torch.tensor([0.3, -0.4, 0.9]), bias=torch.tensor([0.1]), eps=1e-6)
+REFERENCE_ERRORS = [
+    ("int64 x", dict(x=torch.arange(24).reshape(3, 8)), RuntimeError, "expected x to be float32, float64, float16 or bfloat16, got torch.int64"),
+    ("0-d x", dict(x=torch.tensor(1.0)), RuntimeError, "expected x to have at least 1 dimension (..., H), got a 0-d tensor"),
+    ("H = 0", dict(x=torch.randn(3, 0)), RuntimeError, "expected x to have a last dimension H >= 1, got shape [3, 0]"),
+    ("2-element weight", dict(weight=torch.ones(2)), RuntimeError, "expected weight to have 3 elements [w0, w1, w2], got 2"),
+    ("int weight", dict(weight=torch.ones(3, dtype=torch.long)), RuntimeError, "expected weight to be float32, float64, float16 or bfloat16, got torch.int64"),
+    ("2-element bias", dict(bias=torch.ones(2)), RuntimeError, "expected bias to have 1 element (shape (1,) or ()), got 2"),
+    ("weight on meta", dict(weight=torch.ones(3, device="meta")), RuntimeError, "expected weight on x's device cpu, got meta"),
+    ("None bias", dict(bias=None), TypeError, "expected bias to be a Tensor, got NoneType"),
+    ("eps = -5", dict(eps=-5), ValueError, "expected eps to be finite and >= 0, got -5.0"),
+    ("nan eps", dict(eps=float("nan")), ValueError, "expected eps to be finite and >= 0, got nan"),
+    ("str eps", dict(eps="1e-6"), TypeError, "expected eps to be a real number, got str"),
+    ("bool eps", dict(eps=True), TypeError, "expected eps to be a real number, got bool"),
+]
+
+
+@pytest.mark.parametrize("name,change,exc,message", REFERENCE_ERRORS, ids=[e[0] for e in REFERENCE_ERRORS])
+def test_reference_checks_arguments_as_the_ops(name, change, exc, message):
+    args = {**_GOOD, **change}
+    with pytest.raises(exc, match=re.escape("polynorm.reference.poly_norm: " + message)):
+        reference.poly_norm(args["x"], args["weight"], args["bias"], args["eps"])
+    # The same check, with the same words, in the ops (the Triton op's checks are the
+    # reference's Python ones; the C++ op names dtypes its own way: Long for torch.int64).
+    if exc is not TypeError and "meta" not in name:
+        cpp_message = message.replace("torch.int64", "Long").replace("-5.0", "-5")
+        with pytest.raises(exc, match=re.escape("polynorm.forward: " + cpp_message)):
+            torch.ops.polynorm.forward(args["x"], args["weight"], args["bias"], args["eps"])
+
+
+def test_reference_accepts_every_real_eps():
+    np = pytest.importorskip("numpy")
+    x, w, b = _GOOD["x"], _GOOD["weight"], _GOOD["bias"]
+    expected = reference.poly_norm(x, w, b, 0.25)
+    for eps in (np.float32(0.25), np.float64(0.25), torch.tensor(0.25), torch.tensor([0.25]), 1):
+        value = float(eps)
+        assert torch.equal(reference.poly_norm(x, w, b, eps), reference.poly_norm(x, w, b, value)), repr(eps)
+    assert torch.equal(reference.poly_norm(x, w, b, np.float64(0.25)), expected)
