@@ -60,6 +60,10 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
     ctx->saved_data["bias_sizes"] = bias.sizes().vec();
     ctx->saved_data["bias_dtype"] = static_cast<int64_t>(bias.scalar_type());
     ctx->mark_non_differentiable({rstd});
+    // No zeros for unused outputs: rstd never has a gradient, and materialising one was a
+    // fill kernel on every backward (seen in bench/profile_steps.py). An unused y gives an
+    // undefined grad_y, handled in backward.
+    ctx->set_materialize_grads(false);
     return {y, rstd};
   }
 
@@ -70,12 +74,15 @@ class PolyNormFunction : public torch::autograd::Function<PolyNormFunction> {
     if (!need_x && !need_weight && !need_bias) {
       return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     }
+    if (!grads[0].defined()) {  // y did not reach the loss: every gradient is zero, left undefined
+      return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    }
     const variable_list saved = ctx->get_saved_variables();
     // Without create_graph there is nothing to record: skip polynorm::backward's own
     // autograd kernel (Python, it only refuses double backward) and its host cost.
     std::optional<at::AutoDispatchBelowADInplaceOrView> below_autograd;
     if (!c10::GradMode::is_enabled()) below_autograd.emplace();
-    // grads[0] is materialised (zeros) when y was not used; grads[1] (rstd) is ignored.
+    // grads[1] (rstd's) is never used.
     auto [grad_x, grad_weight, grad_bias] = call_backward(grads[0], saved[0], saved[1], saved[2]);
     const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
     const auto bias_dtype = static_cast<at::ScalarType>(ctx->saved_data["bias_dtype"].toInt());

@@ -14,7 +14,8 @@
 //   has a fixed shape, set by (H, dtype): results are bitwise the same whatever the batch,
 //   the alignment of the row, or the run.
 // - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
-//   64-bit; dW and dB come from per-block partials reduced in a fixed order, no atomics.
+//   64-bit; dW and dB come from per-block partials that the backward's last block sums
+//   in block order (finish_param_grads): one launch, and the same bits on every run.
 // bench/NOTES.md records each version's prediction and measured outcome.
 #include "polynorm.h"
 
@@ -254,6 +255,50 @@ __device__ __forceinline__ void group_reduce_flat(acc_t (&v)[N], acc_t (*red)[N]
   }
 }
 
+// Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
+// sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials.
+template <typename acc_t>
+struct ParamGrads {
+  acc_t* partials;          // [gridDim.x, 4] opmath: one block's sums each
+  unsigned int* arrivals;   // blocks done so far; 0 between launches
+  acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
+  acc_t* grad_bias;         // (1,) opmath
+};
+
+// Called by every thread of a block right after its threads have written the block's
+// partial (`tid`: the thread's index in the block, which has at least 128 threads). The
+// last block to arrive sums the partials in block order: warp k sums column k (lane l
+// takes blocks l, l + 32, ...; then a fixed xor tree), so the bits do not depend on which
+// block is last, and there are no atomics on the values: the same bits on every run. This
+// replaces a second kernel launch (the threadFenceReduction pattern of the CUDA samples).
+// atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
+// launches on one stream never overlap, so one counter per stream suffices
+// (arrival_counter).
+template <typename acc_t>
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial is visible to all blocks before it is counted
+  __syncthreads();
+  if (tid == 0) last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial is visible to this one
+  if (tid < 128) {
+    const int col = tid / 32;
+    const int lane = tid % 32;
+    acc_t total = acc_t(0);
+    for (int64_t b = lane; b < gridDim.x; b += 32) total += __ldcg(pg.partials + b * 4 + col);
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane == 0) {
+      if (col < 3) {
+        pg.grad_weight[col] = total;
+      } else {
+        pg.grad_bias[0] = total;
+      }
+    }
+  }
+}
+
 // Forward. One pass accumulates sum x^2, x^4, x^6 in opmath; one group reduction
 // combines all three; then rstd = [r_3, r_2, r_1] and y (Horner form) are written.
 template <typename scalar_t>
@@ -393,7 +438,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_vec_ok,
-    at::opmath_type<scalar_t>* __restrict__ partials,    // [gridDim.x, 4] opmath
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     int64_t M,
     int64_t H) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -477,8 +522,9 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   if (tid < 4) {
     acc_t total = row_part[0][tid];
     for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
-    partials[int64_t(blockIdx.x) * 4 + tid] = total;
+    param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
   }
+  finish_param_grads(param_grads, tid);
   if (!active) return;  // no barrier below
 
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
@@ -779,7 +825,7 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
     const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
-    at::opmath_type<scalar_t>* __restrict__ partials,    // [gridDim.x, 4] opmath
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     int64_t M,
     int64_t H,
     StagedGeometry geo) {
@@ -906,31 +952,9 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
   if (threadIdx.x < 4) {
     acc_t total = group_part[0][threadIdx.x];
     for (int r = 1; r < R; ++r) total += group_part[r][threadIdx.x];
-    partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
-}
-
-// Second, fixed-order pass over the per-block partials: warp k sums column k (lane l
-// takes blocks l, l + 32, ...; then a fixed xor tree), and writes dw0, dw1, dw2, db in
-// the accumulation dtype (autograd rounds each to its parameter's dtype). No atomics:
-// the same bits on every run.
-template <typename acc_t>
-__global__ void poly_norm_bwd_param_kernel(const acc_t* __restrict__ partials,  // [blocks, 4]
-                                           int64_t blocks,
-                                           acc_t* __restrict__ grad_weight,  // (3,) acc_t
-                                           acc_t* __restrict__ grad_bias) {  // (1,) acc_t
-  const int col = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  acc_t total = acc_t(0);
-  for (int64_t b = lane; b < blocks; b += 32) total += partials[b * 4 + col];
-  for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-  if (lane == 0) {
-    if (col < 3) {
-      grad_weight[col] = total;
-    } else {
-      grad_bias[0] = total;
-    }
-  }
+  finish_param_grads(param_grads, threadIdx.x);
 }
 
 // ----------------------------------------------------------------------------------
@@ -1224,7 +1248,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_realign_arg,
-    at::opmath_type<scalar_t>* __restrict__ partials,    // [gridDim.x, 4] opmath
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     int64_t M,
     int64_t H,
     int G) {
@@ -1325,8 +1349,9 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
   if (threadIdx.x < 4) {
     acc_t total = group_part[0][threadIdx.x];
     for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
-    partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
+  finish_param_grads(param_grads, threadIdx.x);
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -1470,6 +1495,37 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, size_t smem, int64_t M) {
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_blocks(kernel, plan.threads, smem)));
 }
 
+// One arrival counter per stream for the backward's last-block reduction
+// (finish_param_grads), in static device memory: zero when the module loads, never
+// allocated (so first use inside CUDA-graph capture is fine), and back at zero after every
+// launch. Launches on one stream run one after another, so they never share a counter
+// while running. Streams get slots in order of first use; past kArrivalSlots streams on a
+// device, slots are shared, which matters only if two of those streams run a backward at
+// the same moment. A captured graph keeps the slot of its capture stream.
+constexpr int kArrivalSlots = 4096;
+__device__ unsigned int g_arrivals[kArrivalSlots];
+
+unsigned int* arrival_counter(cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, unsigned int*> bases;
+  static std::map<std::pair<int, cudaStream_t>, unsigned int*> slots;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = slots.find({device, stream});
+  if (it != slots.end()) return it->second;
+  auto base = bases.find(device);
+  if (base == bases.end()) {
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
+    base = bases.emplace(device, static_cast<unsigned int*>(ptr)).first;
+  }
+  const int64_t used = std::count_if(slots.begin(), slots.end(), [&](const auto& kv) { return kv.first.first == device; });
+  unsigned int* slot = base->second + used % kArrivalSlots;
+  slots.emplace(std::make_pair(device, stream), slot);
+  return slot;
+}
+
 std::tuple<at::Tensor, at::Tensor> poly_norm_forward_cuda(const at::Tensor& x, const at::Tensor& weight,
                                                           const at::Tensor& bias, double eps) {
   check_forward_args(x, weight, bias, eps);
@@ -1533,13 +1589,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
   const Rows g_rows = as_rows(grad_y);
   const at::Tensor rstd_c = rstd.contiguous();  // [M, 3]: at most a tiny copy
   at::Tensor grad_x = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  // grad_weight and grad_bias in the accumulation dtype (fp32, fp64 for fp64 x), as the schema says.
-  const auto param_grad_options = x.options().dtype(opmath_dtype(x.scalar_type()));
+  // dW and dB are the fp32 (fp64) sums; autograd rounds each to its parameter's dtype.
+  const auto param_options = weight.options().dtype(opmath_dtype(x.scalar_type()));
   if (x_rows.M == 0) {
-    return {grad_x, at::zeros({3}, param_grad_options), at::zeros({1}, param_grad_options)};
+    return {grad_x, at::zeros({3}, param_options), at::zeros({1}, param_options)};
   }
-  at::Tensor grad_weight = at::empty({3}, param_grad_options);
-  at::Tensor grad_bias = at::empty({1}, param_grad_options);
+  at::Tensor grad_weight = at::empty({3}, param_options);
+  at::Tensor grad_bias = at::empty({1}, param_options);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "polynorm.backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
@@ -1555,6 +1611,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
     const Plan plan = row.ok ? Plan{} : staged_plan(x_rows.H, sizeof(scalar_t), 2, !dx_vec_ok, dynamic_smem_limit());
     at::Tensor partials;  // O(M) at most: one [4] entry per block
     int64_t blocks = 0;
+    unsigned int* arrivals = arrival_counter(stream);
+    const auto param_grads = [&] {
+      return ParamGrads<acc_t>{partials.mutable_data_ptr<acc_t>(), arrivals, grad_weight.mutable_data_ptr<acc_t>(),
+                               grad_bias.mutable_data_ptr<acc_t>()};
+    };
     if (row.ok) {
       const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok;
       const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kRowBwdPacks, false, 256>,
@@ -1566,7 +1627,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
       partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
       kernel<<<static_cast<unsigned>(blocks), row.threads, smem, stream>>>(
           g_ptr, g_rows.row_stride, !g_vec_ok, x_ptr, x_rows.row_stride, !x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
-          param_ref(weight), dx_ptr, !dx_vec_ok, partials.mutable_data_ptr<acc_t>(), x_rows.M, x_rows.H, row.G);
+          param_ref(weight), dx_ptr, !dx_vec_ok, param_grads(), x_rows.M, x_rows.H, row.G);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else if (plan.staged) {
       const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
@@ -1574,7 +1635,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
       partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
       poly_norm_bwd_kernel<scalar_t><<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
           g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
-          dx_ptr, partials.mutable_data_ptr<acc_t>(), x_rows.M, x_rows.H, plan.geo);
+          dx_ptr, param_grads(), x_rows.M, x_rows.H, plan.geo);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
       const dim3 block = tiled_block_shape(x_rows.H, kVec, kBwdPacks);
@@ -1582,13 +1643,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
       partials = at::empty({blocks, 4}, x.options().dtype(acc_dtype));
       poly_norm_bwd_tiled_kernel<scalar_t><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
           g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
-          dx_ptr, dx_vec_ok, partials.mutable_data_ptr<acc_t>(), x_rows.M, x_rows.H);
+          dx_ptr, dx_vec_ok, param_grads(), x_rows.M, x_rows.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
-    poly_norm_bwd_param_kernel<acc_t><<<1, 128, 0, stream>>>(partials.const_data_ptr<acc_t>(), blocks,
-                                                             grad_weight.mutable_data_ptr<acc_t>(),
-                                                             grad_bias.mutable_data_ptr<acc_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return {grad_x, grad_weight, grad_bias};
 }
