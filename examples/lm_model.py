@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 import polynorm
 
-__all__ = ["Float64ReferencePolyNorm", "ModelConfig", "TinyLM", "liger_available", "make_poly_norm"]
+__all__ = ["POLY_NORMS", "Float64ReferencePolyNorm", "ModelConfig", "TinyLM", "liger_available", "make_poly_norm"]
 
 
 @dataclass
@@ -113,13 +113,16 @@ class Float64ReferencePolyNorm(polynorm.PolyNorm):
         return polynorm.reference.poly_norm(x, self.weight, self.bias, self.eps, compute_dtype=torch.float64)
 
 
+# PolyNorm implementations besides polynorm's own backends, by name: each takes eps and
+# returns a polynorm.PolyNorm (same parameters, same init). Tests add faulty kernels here.
+POLY_NORMS = {"liger": LigerBackedPolyNorm, "reference-fp64": Float64ReferencePolyNorm}
+
+
 def make_poly_norm(backend: str, eps: float) -> nn.Module:
-    """A PolyNorm activation: ``polynorm.PolyNorm(backend=...)``, Liger's kernel for ``"liger"``,
-    or the float64 reference for ``"reference-fp64"``."""
-    if backend == "liger":
-        return LigerBackedPolyNorm(eps)
-    if backend == "reference-fp64":
-        return Float64ReferencePolyNorm(eps)
+    """A PolyNorm activation: ``POLY_NORMS[backend]`` (Liger's kernel for ``"liger"``, the float64
+    reference for ``"reference-fp64"``), else ``polynorm.PolyNorm(backend=...)``."""
+    if backend in POLY_NORMS:
+        return POLY_NORMS[backend](eps)
     return polynorm.PolyNorm(eps, backend=backend)
 
 
