@@ -53,8 +53,9 @@ def make_step(backend: str, M: int, H: int, dtype: torch.dtype):
     x = torch.randn(M, H, device="cuda", dtype=dtype, generator=gen).requires_grad_(True)
     grad_y = torch.randn(M, H, device="cuda", dtype=dtype, generator=gen)
     if backend == "layer_norm":  # the native baseline: the same autograd work, PyTorch's own kernels
-        weight = torch.randn(H, device="cuda", requires_grad=True)
-        bias = torch.randn(H, device="cuda", requires_grad=True)
+        # layer_norm takes weight and bias in x's dtype
+        weight = torch.randn(H, device="cuda", dtype=dtype, requires_grad=True)
+        bias = torch.randn(H, device="cuda", dtype=dtype, requires_grad=True)
     else:
         weight = torch.tensor([0.3, -0.4, 0.9], device="cuda", requires_grad=True)
         bias = torch.tensor([0.1], device="cuda", requires_grad=True)

@@ -69,17 +69,17 @@ def _is_real_scalar(eps) -> bool:
     return isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt))
 
 
-def _check_eps_value(op: str, value) -> None:
+def _check_eps_value(op: str, value, data_dependent: bool = False) -> None:
     # Comparisons rather than math.isfinite, which Dynamo cannot trace on a symbolic float
     # (an eps argument of a compiled function); NaN fails both.
-    if torch.compiler.is_compiling() or isinstance(value, torch.SymFloat):
-        # Traced (Dynamo shows a symbolic float as a float): torch._check_value guards on a
-        # value with a hint and checks a data-dependent one (eps.item() of a tensor eps)
-        # when the graph runs.
-        message = lambda: f"{op}: expected eps to be finite and >= 0"  # noqa: E731
-        torch._check_value(value >= 0, message)
-        torch._check_value(value < math.inf, message)
-    elif not (value >= 0 and value < math.inf):
+    if data_dependent:
+        # eps.item() of a tensor eps under torch.compile: a value the trace cannot see, so it
+        # is checked when the graph runs, by torch's runtime assertion (a RuntimeError that
+        # names the failed condition). No message closure: Dynamo in torch 2.11 cannot trace
+        # one ("Failed to convert args/kwargs to proxy").
+        torch._check_value(value >= 0)
+        torch._check_value(value < math.inf)
+    elif not (value >= 0 and value < math.inf):  # a guard, for a symbolic float with a hint
         raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
 
 
@@ -98,7 +98,7 @@ def check_eps(op: str, eps) -> float:
     if not _is_real_scalar(eps):
         raise TypeError(f"{op}: expected eps to be a real number, got {_describe(eps)}")
     value = eps if isinstance(eps, torch.SymFloat) else float(eps)
-    _check_eps_value(op, value)
+    _check_eps_value(op, value, data_dependent=isinstance(eps, Tensor) and torch.compiler.is_compiling())
     return value
 
 

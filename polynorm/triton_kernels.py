@@ -652,12 +652,20 @@ def _launch_directly(kernel):
     return kernel
 
 
-def eager_fast_path(x: Tensor, eps) -> bool:
+_PLAIN = (Tensor, torch.nn.Parameter)
+
+
+def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
     """Whether :class:`PolyNormTritonFunction` may serve this call instead of the registered
-    op: eager mode (not being traced by torch.compile, no torch.func transform), a real
-    tensor (not fake or meta) and eps already a Python number."""
+    op: eager mode (not being traced by torch.compile, no torch.func transform), x a plain
+    tensor with data (not a subclass such as DTensor, whose sharding rules live on the
+    registered op; not fake or meta), weight and bias plain tensors or parameters, and eps
+    already a Python number."""
     return (
         isinstance(eps, (int, float))
+        and type(x) in _PLAIN  # not a subclass (a DTensor's data is not its own: its ops dispatch)
+        and type(weight) in _PLAIN
+        and type(bias) in _PLAIN
         and not torch.compiler.is_compiling()
         and not torch._C._are_functorch_transforms_active()
         and not is_fake(x)

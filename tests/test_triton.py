@@ -105,6 +105,36 @@ def test_needs_input_grad(device, needs):
     torch.testing.assert_close(y.detach(), ref_y, rtol=1e-5, atol=1e-5)
 
 
+class _Tagged(torch.Tensor):
+    """A tensor subclass that passes through every op (as a DTensor's ops go to its sharding
+    rules): the eager fast path must leave it to the registered op, whose dispatch it sees."""
+
+    seen = []
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        cls.seen.append(getattr(func, "__name__", str(func)))
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_eager_fast_path_only_for_plain_tensors(device):
+    # Eager calls on plain tensors take PolyNormTritonFunction (direct launches); a tensor
+    # subclass such as a DTensor has no data of its own to launch on (a sequence-parallel
+    # run on two GPUs hit an illegal address that way), so it goes through the op.
+    x, g, w, b = _inputs("fast_path", 6, 40, torch.float32, device)
+    assert triton_kernels.eager_fast_path(x, w, b, 1e-6)
+    assert triton_kernels.eager_fast_path(x, torch.nn.Parameter(w), torch.nn.Parameter(b), 1e-6)
+    tagged = x.as_subclass(_Tagged)
+    assert not triton_kernels.eager_fast_path(tagged, w, b, 1e-6)
+    assert not triton_kernels.eager_fast_path(x, w.as_subclass(_Tagged), b, 1e-6)
+    assert not triton_kernels.eager_fast_path(x, w, b, torch.tensor(1e-6))  # a tensor eps: the op reads it
+    _Tagged.seen.clear()
+    y = polynorm.poly_norm(tagged, w, b, backend="triton")
+    assert any("forward_triton" in name for name in _Tagged.seen), _Tagged.seen
+    torch.testing.assert_close(y.as_subclass(torch.Tensor), polynorm.poly_norm(x, w, b, backend="triton"), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_module(device):
     gen = torch.Generator().manual_seed(seed_for("module", device))
