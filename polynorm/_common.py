@@ -69,17 +69,12 @@ def _is_real_scalar(eps) -> bool:
     return isinstance(eps, (numbers.Real, torch.SymFloat, torch.SymInt))
 
 
-def _check_eps_value(op: str, value, data_dependent: bool = False) -> None:
+def _check_eps_value(op: str, value) -> None:
     # Comparisons rather than math.isfinite, which Dynamo cannot trace on a symbolic float
-    # (an eps argument of a compiled function); NaN fails both.
-    if data_dependent:
-        # eps.item() of a tensor eps under torch.compile: a value the trace cannot see, so it
-        # is checked when the graph runs, by torch's runtime assertion (a RuntimeError that
-        # names the failed condition). No message closure: Dynamo in torch 2.11 cannot trace
-        # one ("Failed to convert args/kwargs to proxy").
-        torch._check_value(value >= 0)
-        torch._check_value(value < math.inf)
-    elif not (value >= 0 and value < math.inf):  # a guard, for a symbolic float with a hint
+    # (an eps argument of a compiled function); NaN fails both. A symbolic float with a hint
+    # (dynamic=True) gets a guard. A tensor eps under torch.compile never comes here: its
+    # value is checked when the graph runs (polynorm::forward_tensor_eps, checked_eps).
+    if not (value >= 0 and value < math.inf):
         raise ValueError(f"{op}: expected eps to be finite and >= 0, got {value}")
 
 
@@ -87,8 +82,8 @@ def check_eps(op: str, eps) -> float:
     """eps as a Python float, checked as the C++ op checks it.
 
     Accepts any real scalar: a Python or NumPy int or float, or a one-element real tensor
-    or NumPy array. Under torch.compile a tensor's value is data-dependent: this then
-    returns a symbolic float (``eps.item()``), whose value is checked when the graph runs.
+    or NumPy array. (Under torch.compile, poly_norm keeps a tensor eps a tensor and checks
+    it when the graph runs: :func:`eps_operand`.)
 
     Raises:
         TypeError: eps not a real number (a bool, a string, a complex number, a tensor of
@@ -98,7 +93,7 @@ def check_eps(op: str, eps) -> float:
     if not _is_real_scalar(eps):
         raise TypeError(f"{op}: expected eps to be a real number, got {_describe(eps)}")
     value = eps if isinstance(eps, torch.SymFloat) else float(eps)
-    _check_eps_value(op, value, data_dependent=isinstance(eps, Tensor) and torch.compiler.is_compiling())
+    _check_eps_value(op, value)
     return value
 
 

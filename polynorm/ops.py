@@ -88,6 +88,22 @@ register_autograd(
 )
 
 
+@torch.library.custom_op("polynorm::checked_eps", mutates_args=())
+def _checked_eps(eps: Tensor) -> Tensor:
+    """eps, a one-element real tensor, checked when the op runs (finite and >= 0; else
+    poly_norm's ValueError). The reference backend's guard for a tensor or NumPy eps under
+    torch.compile: its value is data-dependent there, and torch 2.11's Dynamo drops a runtime
+    assertion on a symbolic float (eps.item()), so an opaque op checks it instead, on every
+    torch version. Eagerly, poly_norm never uses it."""
+    check_eps("polynorm.poly_norm", eps)
+    return eps.clone()
+
+
+@_checked_eps.register_fake
+def _checked_eps_fake(eps: Tensor) -> Tensor:
+    return torch.empty_like(eps)
+
+
 def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backend: str = "auto") -> Tensor:
     """PolyNorm: ``y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b``.
 
@@ -157,7 +173,12 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             return _triton_kernels.PolyNormTritonFunction.apply(x, weight, bias, eps)
         op = torch.ops.polynorm.forward_triton
     elif backend == "reference":
-        eps = check_forward_args("polynorm.poly_norm", x, weight, bias, eps, traced=torch.compiler.is_compiling())
+        traced = torch.compiler.is_compiling()
+        if isinstance(eps, Tensor):  # only under torch.compile (see eps_operand): checked when the graph runs
+            check_forward_args("polynorm.poly_norm", x, weight, bias, 0.0, traced=traced)
+            eps = torch.ops.polynorm.checked_eps(eps)
+        else:
+            eps = check_forward_args("polynorm.poly_norm", x, weight, bias, eps, traced=traced)
         return reference._poly_norm(x, weight, bias, eps)
     else:
         raise ValueError(f"polynorm.poly_norm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
