@@ -9,8 +9,8 @@ Providers: ``polynorm_cuda`` and ``polynorm_triton`` (:func:`polynorm.poly_norm`
 backend), ``eager`` (:func:`polynorm.reference.poly_norm`, PyTorch with an fp32 upcast),
 ``torch_compile`` (``torch.compile`` of eager) and ``liger`` (Liger-Kernel's Triton PolyNorm,
 out of place). Two providers take the host out of the measurement, as a training step under
-CUDA graphs does: ``polynorm_cuda_graph`` captures the timed call (forward, backward or both,
-with the CUDA backend) once with ``torch.cuda.graph`` and times its replays;
+CUDA graphs does: ``polynorm_cuda_graph`` captures the timed call (forward, or forward and
+backward, with the CUDA backend) once with ``torch.cuda.graph`` and times its replays;
 ``polynorm_cuda_reduce_overhead`` is ``torch.compile(mode="reduce-overhead")`` of the CUDA
 backend's ``poly_norm`` (cudagraph trees replay its forward and backward graphs), timed in the
 ``full`` mode only (a retained graph cannot be replayed as a backward alone). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
@@ -327,10 +327,25 @@ def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tens
     inputs = (x, weight, bias)
     capture = getattr(forward, "capture", None)
     if capture == "graph":
+        if mode == "backward":
+            # A backward alone would replay autograd on the stream its forward ran on, outside
+            # the capture (seen on an H200: "operation failed due to a previous error during
+            # capture"); the full mode captures both.
+            raise NotImplementedError("backward: the CUDA-graph provider is timed forward and full")
         plain = functools.partial(polynorm.poly_norm, eps=forward.keywords["eps"], backend="cuda")
         return cuda_graphed(mode_fn(mode, plain, x, weight, bias, grad_y))
-    if capture == "reduce-overhead" and mode != "full":
-        raise NotImplementedError(f"{mode}: reduce-overhead is timed in the full mode only")
+    if capture == "reduce-overhead":
+        if mode != "full":
+            raise NotImplementedError(f"{mode}: reduce-overhead is timed in the full mode only")
+
+        def step():
+            # Each timed call is one training step to cudagraph trees: without the mark, a
+            # step that starts while the last one's outputs live is not replayed (an H200
+            # run without it ran 40x the floor at M=2048, H=1024, slower than eager).
+            torch.compiler.cudagraph_mark_step_begin()
+            return torch.autograd.grad(forward(*inputs), inputs, grad_y)
+
+        return step
     if mode == "forward":
         return lambda: forward(*inputs)
     if mode == "backward":
