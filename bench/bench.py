@@ -339,9 +339,9 @@ def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tens
             raise NotImplementedError(f"{mode}: reduce-overhead is timed in the full mode only")
 
         def step():
-            # Each timed call is one training step to cudagraph trees: without the mark, a
-            # step that starts while the last one's outputs live is not replayed (an H200
-            # run without it ran 40x the floor at M=2048, H=1024, slower than eager).
+            # Each timed call is one training step to cudagraph trees (the documented mark).
+            # An H200 run without it ran at 40x the floor at M=2048, H=1024, slower than eager,
+            # so the graphs were not replayed; that the mark fixes it is not yet measured.
             torch.compiler.cudagraph_mark_step_begin()
             return torch.autograd.grad(forward(*inputs), inputs, grad_y)
 
