@@ -273,13 +273,16 @@ struct ParamGrads {
 // replaces a second kernel launch (the threadFenceReduction pattern of the CUDA samples).
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
-// (arrival_counter).
+// (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
 template <typename acc_t>
 __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid) {
   __shared__ bool last;
   __threadfence();  // this block's partial is visible to all blocks before it is counted
   __syncthreads();
-  if (tid == 0) last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  if (tid == 0) {
+    __threadfence();  // cumulative: the partial's stores, ordered before it by the barrier
+    last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  }
   __syncthreads();
   if (!last) return;
   __threadfence();  // every other block's partial is visible to this one
@@ -1495,34 +1498,47 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, size_t smem, int64_t M) {
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_blocks(kernel, plan.threads, smem)));
 }
 
-// One arrival counter per stream for the backward's last-block reduction
-// (finish_param_grads), in static device memory: zero when the module loads, never
-// allocated (so first use inside CUDA-graph capture is fine), and back at zero after every
-// launch. Launches on one stream run one after another, so they never share a counter
-// while running. Streams get slots in order of first use; past kArrivalSlots streams on a
-// device, slots are shared, which matters only if two of those streams run a backward at
-// the same moment. A captured graph keeps the slot of its capture stream.
-constexpr int kArrivalSlots = 4096;
-__device__ unsigned int g_arrivals[kArrivalSlots];
+// Arrival counters for the backward's last-block reduction (finish_param_grads), in static
+// device memory: zero when the module loads, never allocated (so a first use inside
+// CUDA-graph capture is fine), and back at zero after every launch. Two launches must never
+// run on one counter at the same time:
+// - An eager launch takes its stream's counter. Launches on one stream run one after
+//   another. Streams get counters in order of first use; past kStreamSlots streams on a
+//   device they share, which matters only if two of those streams run a backward at once.
+// - A launch captured into a CUDA graph takes a counter of its own, never used by another
+//   launch (a graph may be replayed on any stream, concurrently with eager work, while one
+//   graph's replays run one after another). Past kCaptureSlots captures on a device, the
+//   capture counters are reused, oldest first.
+constexpr int kStreamSlots = 4096;
+constexpr int kCaptureSlots = 61440;
+__device__ unsigned int g_arrivals[kStreamSlots + kCaptureSlots];  // 256 KB a device
 
 unsigned int* arrival_counter(cudaStream_t stream) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  struct DeviceSlots {
+    unsigned int* base = nullptr;
+    std::map<cudaStream_t, unsigned int*> streams;
+    int64_t captures = 0;
+  };
   static std::mutex mutex;
-  static std::map<int, unsigned int*> bases;
-  static std::map<std::pair<int, cudaStream_t>, unsigned int*> slots;
+  static std::map<int, DeviceSlots> devices;
   const std::lock_guard<std::mutex> lock(mutex);
-  const auto it = slots.find({device, stream});
-  if (it != slots.end()) return it->second;
-  auto base = bases.find(device);
-  if (base == bases.end()) {
+  DeviceSlots& slots = devices[device];
+  if (slots.base == nullptr) {
     void* ptr = nullptr;
     C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
-    base = bases.emplace(device, static_cast<unsigned int*>(ptr)).first;
+    slots.base = static_cast<unsigned int*>(ptr);
   }
-  const int64_t used = std::count_if(slots.begin(), slots.end(), [&](const auto& kv) { return kv.first.first == device; });
-  unsigned int* slot = base->second + used % kArrivalSlots;
-  slots.emplace(std::make_pair(device, stream), slot);
+  if (capture != cudaStreamCaptureStatusNone) {
+    return slots.base + kStreamSlots + (slots.captures++ % kCaptureSlots);
+  }
+  const auto it = slots.streams.find(stream);
+  if (it != slots.streams.end()) return it->second;
+  unsigned int* slot = slots.base + static_cast<int64_t>(slots.streams.size()) % kStreamSlots;
+  slots.streams.emplace(stream, slot);
   return slot;
 }
 

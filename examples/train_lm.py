@@ -154,7 +154,11 @@ README_TOLERANCES = """\
   seeds on the CPU machine the largest ratio reached 30 where no mean exceeded 3.8. In
   floors, as tables report them, a row's figure is the larger of its mean ratio and its
   largest ratio times FLOOR_FACTOR / SPIKE_FACTOR, so that 8 is the bound of both. The
-  bounds are not capped; a floor that is not finite fails every row of its run.
+  bounds are not capped; a floor that is not finite fails every row of its run. What this
+  lets through: a fault on a single step that stays under 64 times the floor's largest,
+  which in bf16 can be a large relative error (the floor's largest PolyNorm gradient
+  deviation was ~9e-3 on the H200); an intermittent fault is the test suite's to catch
+  (determinism, batch invariance and the parity matrix), not this job's.
 - Why 8: the float64 reference carries almost no rounding error of its own, so the floor
   is the fp32 reference's error. A correct kernel deviates from the reference by its own
   error and the reference's, sqrt(1 + k^2) floors for independent roundings when its error
@@ -569,14 +573,17 @@ def train_one(
 def lock_step_floors(floor_dev: Tensor) -> Tensor:
     """The rounding floor of each quantity, from the float64 row's lock-step deviations
     ``floor_dev`` (steps, quantities): ``(2, quantities)``, the largest and the mean deviation
-    over the steps, each at least FLOOR_MIN. A row's bounds are FLOOR_FACTOR times these.
+    over the steps, each at least FLOOR_MIN. A row's bounds are SPIKE_FACTOR times the
+    largest and FLOOR_FACTOR times the mean.
 
     Over the steps, not step by step: one step's floor can be ~0 by chance (in bf16 most
     steps' fp32 rounding differences flip no bf16 rounding that reaches a given module).
     FLOOR_MIN (one fp32 ulp) keeps a bound above 0 where the floor is 0 at every step. A
-    float64 row that failed (NaN) gives NaN floors, which no deviation meets.
+    float64 row that failed (NaN or infinite deviations) gives NaN floors, which no
+    deviation meets.
     """
-    return torch.stack([floor_dev.amax(dim=0), floor_dev.mean(dim=0)]).clamp_min(FLOOR_MIN)
+    floors = torch.stack([floor_dev.amax(dim=0), floor_dev.mean(dim=0)]).clamp_min(FLOOR_MIN)
+    return floors.masked_fill(~floors.isfinite(), math.nan)
 
 
 def loss_falls(losses) -> dict:

@@ -169,8 +169,9 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
                 "polynorm.poly_norm: backend 'triton' expected the triton package to import, "
                 f"got {_TRITON_IMPORT_ERROR}"
             )
-        if _triton_kernels.eager_fast_path(x, weight, bias, eps):  # the same kernels, a tenth of the host time
-            return _triton_kernels.PolyNormTritonFunction.apply(x, weight, bias, eps)
+        if _triton_kernels.eager_fast_path(x, weight, bias, eps):  # the same kernels, without the dispatcher
+            records = torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or bias.requires_grad)
+            return _triton_kernels.PolyNormTritonFunction.apply(x, weight, bias, eps, records)
         op = torch.ops.polynorm.forward_triton
     elif backend == "reference":
         traced = torch.compiler.is_compiling()

@@ -657,7 +657,8 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 
 def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
     """Whether :class:`PolyNormTritonFunction` may serve this call instead of the registered
-    op: eager mode (not being traced by torch.compile, no torch.func transform), x a plain
+    op: eager mode (not being traced by torch.compile, no torch.func transform, no dispatch
+    or function mode), x a plain
     tensor with data (not a subclass such as DTensor, whose sharding rules live on the
     registered op; not fake or meta), weight and bias plain tensors or parameters, and eps
     already a Python number."""
@@ -668,6 +669,10 @@ def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
         and type(bias) in _PLAIN
         and not torch.compiler.is_compiling()
         and not torch._C._are_functorch_transforms_active()
+        # A TorchDispatchMode or TorchFunctionMode (FlopCounterMode, activation-checkpointing
+        # policies, debug modes) must see the op, which direct launches would hide.
+        and torch._C._len_torch_dispatch_stack() == 0
+        and not torch._C._is_torch_function_mode_enabled()
         and not is_fake(x)
         and x.device.type != "meta"
     )
@@ -677,20 +682,22 @@ class PolyNormTritonFunction(torch.autograd.Function):
     """Eager autograd of the Triton backend, without the dispatcher.
 
     The registered ops (``torch.ops.polynorm.forward_triton``/``backward_triton``, whose
-    launches torch.compile, export and AOTInductor record) cost about 0.3 ms of host time a
-    call in eager mode on an H200's host (bench/results/, profile_steps.log), ten times the
-    kernels at the seed shapes. This Function runs the same bodies, with the same checks,
-    and launches the kernels directly; :func:`polynorm.poly_norm` uses it whenever
+    launches torch.compile, export and AOTInductor record) go through the dispatcher and
+    ``wrap_triton`` on every eager call. This Function runs the same bodies, with the same
+    checks, and launches the kernels directly (on an H200's host it cut the host time of a
+    call by about 13%, bench/NOTES.md; most of it is elsewhere, not yet found); :func:`polynorm.poly_norm` uses it whenever
     :func:`eager_fast_path` holds, and the registered ops otherwise. The backward keeps the
     op path when a graph of the gradient is recorded (``create_graph=True``), whose autograd
     refuses a double backward with a clear message.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float, records: bool) -> Tensor:
+        """``records``: a backward is recorded (grad mode on and an input requiring grad), as
+        the caller saw it before ``apply`` (``ctx.needs_input_grad`` ignores grad mode)."""
         y, rstd = _forward_impl(x, weight, bias, eps, _launch_directly)
         ctx.set_materialize_grads(False)  # no zero grad_y for an unused y, no kernel for it
-        if any(ctx.needs_input_grad[:3]):
+        if records:
             # An x made under torch.inference_mode() cannot be saved for backward: the
             # parameter gradients need its rows, so it is copied once (as the op path does).
             ctx.save_for_backward(x.clone() if x.is_inference() else x, weight, rstd)
@@ -701,7 +708,7 @@ class PolyNormTritonFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y: Tensor):
         if grad_y is None:  # y did not reach the loss: every gradient is zero
-            return None, None, None, None
+            return None, None, None, None, None
         x, weight, rstd = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: the op, whose autograd refuses double backward
             grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
@@ -714,6 +721,7 @@ class PolyNormTritonFunction(torch.autograd.Function):
             grad_x if need_x else None,
             grad_weight.to(ctx.weight_dtype).view(ctx.weight_shape) if need_weight else None,
             grad_bias.to(ctx.bias_dtype).view(ctx.bias_shape) if need_bias else None,
+            None,
             None,
         )
 

@@ -95,19 +95,25 @@ def test_lock_step_floors_and_verdicts():
     for scale, agrees in ((0.99, True), (1.01, False)):
         verdict = train_lm.lock_step_verdicts(_lock_result(floor, scale * factor * floor))["kernel"]
         assert verdict["agrees"] is agrees and verdict["floors"] == pytest.approx(scale * factor), scale
-    # One step beyond SPIKE_FACTOR x the floor's largest fails, the module that breaks is named
-    # (its figure in floors counts the largest at FLOOR_FACTOR / SPIKE_FACTOR)...
+    # The largest deviation, on its own: over 40 steps whose floor is 1e-6 on each, one step
+    # at 20x the floor's largest (the mean then 1.5 floors) is rounding's heavy tail and
+    # agrees; one at 65x (the mean 2.6 floors) breaks SPIKE_FACTOR, and the module is named.
     spike = train_lm.SPIKE_FACTOR
-    row = floor.clone()
-    row[2, 2] = 1.5 * spike * 3e-4
-    verdict = train_lm.lock_step_verdicts(_lock_result(floor, row))["kernel"]
-    assert not verdict["agrees"] and verdict["worst_module"] == "m1"
-    mean_ratio = (3e-4 + 0 + 1.5 * spike * 3e-4) / 3 / 2e-4  # three steps: the spike lifts the mean too
-    assert verdict["floors"] == pytest.approx(max(mean_ratio, 1.5 * factor))
-    # ...while one step at half of it, with the mean within bounds, is rounding's heavy tail.
-    row = floor.clone()
-    row[0, 2] = 0.5 * spike * 3e-4 / 8  # the mean: (0.5 * 64 / 8 + 0 + 1) * 1e-4 = 5e-4 = 2.5 floors
-    assert train_lm.lock_step_verdicts(_lock_result(floor, row))["kernel"]["agrees"]
+    flat = torch.full((40, 3), 1e-6, dtype=torch.float64)
+    for height, agrees in ((20, True), (spike + 1, False)):
+        row = flat.clone()
+        row[17, 2] = height * 1e-6
+        verdict = train_lm.lock_step_verdicts(_lock_result(flat, row))["kernel"]
+        assert verdict["agrees"] is agrees, height
+        assert verdict["floors"] == pytest.approx(max((39 + height) / 40, height * factor / spike)), height
+        if not agrees:
+            assert verdict["worst_module"] == "m1"
+            assert (39 + height) / 40 < factor  # the mean alone would have passed it
+    # An infinite floor (the float64 row overflowed) is no bound: every row fails.
+    broken = flat.clone()
+    broken[3, 1] = math.inf
+    assert train_lm.lock_step_floors(broken).isnan().any()
+    assert not train_lm.lock_step_verdicts(_lock_result(broken, flat))["kernel"]["agrees"]
     # A small deviation on every step whose mean exceeds FLOOR_FACTOR x the floor's mean fails,
     # though no step exceeds FLOOR_FACTOR x the floor's largest.
     row = floor.clone()

@@ -136,6 +136,31 @@ def test_eager_fast_path_only_for_plain_tensors(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_inference_x_copied_only_when_a_backward_is_recorded(device, monkeypatch):
+    # An x made under inference_mode cannot be saved for backward, so it is copied once,
+    # but only when a backward is recorded: not under no_grad or inference_mode, where
+    # ctx.needs_input_grad still reports parameters that require grad.
+    with torch.inference_mode():
+        x = torch.randn(4, 48).to(device)
+    _, _, w, b = _inputs("inference_copy", 4, 48, torch.float32, device)
+    w.requires_grad_(True)
+    b.requires_grad_(True)
+    clones = []
+    clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: clones.append(tuple(self.shape)) or clone(self, *a, **k))
+    with torch.no_grad():
+        y0 = polynorm.poly_norm(x, w, b, backend="triton")
+    with torch.inference_mode():
+        polynorm.poly_norm(x, w, b, backend="triton")
+    assert (4, 48) not in clones, clones
+    y = polynorm.poly_norm(x, w, b, backend="triton")
+    assert clones.count((4, 48)) == 1, clones
+    y.sum().backward()
+    assert w.grad is not None and b.grad is not None
+    torch.testing.assert_close(y.detach(), y0, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_module(device):
     gen = torch.Generator().manual_seed(seed_for("module", device))
     module = polynorm.PolyNorm(backend="triton", device=device)
