@@ -83,10 +83,9 @@ void check_x(const char* op, const char* name, const at::Tensor& x) {
 
 }  // namespace
 
-void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  constexpr const char* op = "polynorm.forward";
-  check_x(op, "x", x);
-  check_params(op, x, weight);
+namespace {
+
+void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
   check_defined(op, "bias", bias);
   TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
               ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
@@ -94,22 +93,25 @@ void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at:
               num(bias.numel()), " (shape ", shape(bias.sizes()), ")");
   TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
               bias.device());
+}
+
+void check_eps(const char* op, double eps) {
   TORCH_CHECK_VALUE(std::isfinite(eps) && eps >= 0.0, op, ": expected eps to be finite and >= 0, got ", num(eps));
 }
 
-void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
-                         const at::Tensor& rstd) {
-  constexpr const char* op = "polynorm.backward";
-  check_x(op, "x", x);
-  check_params(op, x, weight);
-  check_defined(op, "grad_y", grad_y);
+// `other` (grad_y, mul, grad_out) has x's shape, dtype and device.
+void check_like_x(const char* op, const char* name, const at::Tensor& other, const at::Tensor& x) {
+  check_defined(op, name, other);
+  TORCH_CHECK(other.sizes() == x.sizes(), op, ": expected ", name, " to have x's shape ", shape(x.sizes()),
+              ", got ", shape(other.sizes()));
+  TORCH_CHECK(other.scalar_type() == x.scalar_type(), op, ": expected ", name, " to have x's dtype ",
+              x.scalar_type(), ", got ", other.scalar_type());
+  TORCH_CHECK(other.device() == x.device(), op, ": expected ", name, " on x's device ", x.device(), ", got ",
+              other.device());
+}
+
+void check_rstd(const char* op, const at::Tensor& x, const at::Tensor& rstd) {
   check_defined(op, "rstd", rstd);
-  TORCH_CHECK(grad_y.sizes() == x.sizes(), op, ": expected grad_y to have x's shape ", shape(x.sizes()), ", got ",
-              shape(grad_y.sizes()));
-  TORCH_CHECK(grad_y.scalar_type() == x.scalar_type(), op, ": expected grad_y to have x's dtype ",
-              x.scalar_type(), ", got ", grad_y.scalar_type());
-  TORCH_CHECK(grad_y.device() == x.device(), op, ": expected grad_y on x's device ", x.device(), ", got ",
-              grad_y.device());
   const int64_t M = x.numel() / x.size(-1);
   TORCH_CHECK(rstd.dim() == 2 && rstd.size(0) == M && rstd.size(1) == 3, op,
               ": expected rstd of shape [", num(M), ", 3] (rows of x, then r_3, r_2, r_1), got ", shape(rstd.sizes()));
@@ -117,6 +119,46 @@ void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at
               opmath_dtype(x.scalar_type()), " for x of dtype ", x.scalar_type(), ", got ", rstd.scalar_type());
   TORCH_CHECK(rstd.device() == x.device(), op, ": expected rstd on x's device ", x.device(), ", got ",
               rstd.device());
+}
+
+}  // namespace
+
+void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  constexpr const char* op = "polynorm.forward";
+  check_x(op, "x", x);
+  check_params(op, x, weight);
+  check_bias(op, x, bias);
+  check_eps(op, eps);
+}
+
+void check_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps) {
+  constexpr const char* op = "polynorm.mul_forward";
+  check_x(op, "x", x);
+  check_like_x(op, "mul", mul, x);
+  check_params(op, x, weight);
+  check_bias(op, x, bias);
+  check_eps(op, eps);
+}
+
+void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                         const at::Tensor& rstd) {
+  constexpr const char* op = "polynorm.backward";
+  check_x(op, "x", x);
+  check_params(op, x, weight);
+  check_like_x(op, "grad_y", grad_y, x);
+  check_rstd(op, x, rstd);
+}
+
+void check_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
+                             const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& rstd) {
+  constexpr const char* op = "polynorm.mul_backward";
+  check_x(op, "x", x);
+  check_params(op, x, weight);
+  check_bias(op, x, bias);
+  check_like_x(op, "grad_out", grad_out, x);
+  check_like_x(op, "mul", mul, x);
+  check_rstd(op, x, rstd);
 }
 
 }  // namespace polynorm
@@ -128,4 +170,11 @@ TORCH_LIBRARY(polynorm, m) {
   // dtype of rstd, whatever the parameters' dtypes: autograd rounds each to its own parameter's dtype.
   m.def("backward(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, "
         "Tensor grad_bias)");
+  // Fused PolyNorm x mul (the gated MLP's down(PolyNorm(gate(x)) * up(x))): out = poly_norm(x) * mul,
+  // formed in fp32 and rounded once to x's dtype; mul has x's shape and dtype. rstd as in forward.
+  m.def("mul_forward(Tensor x, Tensor mul, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor out, Tensor rstd)");
+  // grad_x, grad_mul in x's dtype; grad_weight (3,), grad_bias (1,) in rstd's dtype, as in backward.
+  // bias is an input because grad_mul = grad_out * y recomputes y = poly_norm(x) from x and rstd.
+  m.def("mul_backward(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor rstd) -> "
+        "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)");
 }

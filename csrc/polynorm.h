@@ -31,6 +31,12 @@ Rows as_rows(const at::Tensor& t);
 void check_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
 void check_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
                          const at::Tensor& rstd);
+// The fused PolyNorm x mul ops (out = poly_norm(x) * mul): mul has x's shape, dtype and
+// device; bias is in the backward too, which recomputes y = poly_norm(x) for grad_mul.
+void check_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps);
+void check_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
+                             const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& rstd);
 
 // dtype of the rstd cache and of every accumulator: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType opmath_dtype(at::ScalarType x_dtype);

@@ -18,9 +18,12 @@ __all__ = [
     "check_backward_args",
     "check_eps",
     "check_forward_args",
+    "check_mul_backward_args",
+    "check_mul_forward_args",
     "eps_operand",
     "refuse_double_backward",
     "register_autograd",
+    "register_mul_autograd",
     "rstd_dtype",
 ]
 
@@ -181,6 +184,39 @@ def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd
     _check_same_device(op, x, grad_y=grad_y, weight=weight, rstd=rstd)
 
 
+def _check_like_x(op: str, name: str, other: Tensor, x: Tensor) -> None:
+    """``other`` (mul, grad_out) has x's shape, dtype and device."""
+    if not isinstance(other, Tensor):
+        raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(other).__name__}")
+    torch._check(
+        other.shape == x.shape, lambda: f"{op}: expected {name} to have x's shape {list(x.shape)}, got {list(other.shape)}"
+    )
+    if other.dtype != x.dtype:
+        raise RuntimeError(f"{op}: expected {name} to have x's dtype {x.dtype}, got {other.dtype}")
+    _check_same_device(op, x, **{name: other})
+
+
+def check_mul_forward_args(op: str, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, *, traced: bool = False) -> float:
+    """The C++ checks of ``polynorm::mul_forward``, in Python: :func:`check_forward_args`, and
+    mul with x's shape, dtype and device.
+
+    Returns:
+        eps as a Python float (see :func:`check_eps`).
+    """
+    eps = check_forward_args(op, x, weight, bias, eps, traced=traced)
+    _check_like_x(op, "mul", mul, x)
+    return eps
+
+
+def check_mul_backward_args(op: str, grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, rstd: Tensor) -> None:
+    """The C++ checks of ``polynorm::mul_backward``, in Python."""
+    check_backward_args(op, grad_out, x, weight, rstd)
+    _check_like_x(op, "mul", mul, x)
+    _check_float(op, "bias", bias)
+    torch._check(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}")
+    _check_same_device(op, x, bias=bias)
+
+
 def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | None = None) -> None:
     """Makes ``forward_op`` differentiable through ``backward_op`` (same schemas as the C++ ops).
 
@@ -245,3 +281,47 @@ def refuse_double_backward(backward_op) -> None:
     torch.library.register_autograd(
         backward_op._schema.name, no_double_backward, setup_context=lambda ctx, inputs, output: None
     )
+
+
+def register_mul_autograd(forward_op: str, backward_op=None, *, by_backend: dict | None = None) -> None:
+    """Makes ``forward_op`` (``polynorm::mul_forward``'s schema: ``x, mul, weight, bias, eps``)
+    differentiable through ``backward_op`` (``mul_backward``'s schema), as
+    :func:`register_autograd` does for PolyNorm: ``needs_input_grad`` is honoured, each
+    parameter's gradient comes back rounded once to its own dtype and shape, and an
+    inference-mode x or mul is copied once when a backward is recorded.
+
+    Args:
+        backward_op: the backward op (given an autograd kernel that refuses double backward).
+        by_backend: instead, for a forward whose sixth input is a backend name: each
+            backend's backward op name under ``torch.ops.polynorm``.
+    """
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, mul, weight, bias = inputs[:4]
+        _out, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        # As in register_autograd: an inference tensor cannot be saved, so it is copied once.
+        ctx.save_for_backward(
+            x.clone() if x.is_inference() else x, mul.clone() if mul.is_inference() else mul, weight, bias, rstd
+        )
+        ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
+        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+        ctx.backward_op = backward_op if by_backend is None else getattr(torch.ops.polynorm, by_backend[inputs[5]])
+
+    def backward(ctx, grad_out: Tensor, _grad_rstd: Tensor):
+        need_x, need_mul, need_weight, need_bias = ctx.needs_input_grad[:4]
+        rest = (None,) * (len(ctx.needs_input_grad) - 4)
+        if not (need_x or need_mul or need_weight or need_bias):
+            return (None, None, None, None) + rest
+        x, mul, weight, bias, rstd = ctx.saved_tensors
+        grad_x, grad_mul, grad_weight, grad_bias = ctx.backward_op(grad_out, x, mul, weight, bias, rstd)
+        return (
+            grad_x if need_x else None,
+            grad_mul if need_mul else None,
+            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
+            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
+        ) + rest
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    if by_backend is None:
+        refuse_double_backward(backward_op)

@@ -13,6 +13,8 @@ from polynorm._common import (
     check_backward_args,
     check_eps,
     check_forward_args,
+    check_mul_backward_args,
+    check_mul_forward_args,
     eps_operand,
     refuse_double_backward,
     register_autograd,
@@ -46,6 +48,21 @@ def _backward_fake(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> t
     # grad_weight and grad_bias in the accumulation dtype, whatever the parameters' dtypes.
     acc = rstd_dtype(x.dtype)
     return grad_x, x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
+
+
+@torch.library.register_fake("polynorm::mul_forward")
+def _mul_forward_fake(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    check_mul_forward_args("polynorm.mul_forward", x, mul, weight, bias, eps)
+    return _forward_fake(x, weight, bias, eps)
+
+
+@torch.library.register_fake("polynorm::mul_backward")
+def _mul_backward_fake(
+    grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    check_mul_backward_args("polynorm.mul_backward", grad_out, x, mul, weight, bias, rstd)
+    grad_x, grad_weight, grad_bias = _backward_fake(grad_out, x, weight, rstd)
+    return grad_x, torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_weight, grad_bias
 
 
 # polynorm::forward is differentiable through its C++ autograd kernel (csrc/polynorm_autograd.cpp).

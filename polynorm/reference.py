@@ -14,9 +14,9 @@ the backward too when run with ``compute_dtype=torch.float64``.
 import torch
 from torch import Tensor
 
-from polynorm._common import check_forward_args
+from polynorm._common import check_forward_args, check_mul_forward_args
 
-__all__ = ["poly_norm", "rstd"]
+__all__ = ["poly_norm", "poly_norm_mul", "rstd"]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
@@ -78,8 +78,11 @@ def poly_norm(
     return _poly_norm(x, weight, bias, eps, compute_dtype=compute_dtype)
 
 
-def _poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps, *, compute_dtype: torch.dtype = torch.float32) -> Tensor:
+def _poly_norm(
+    x: Tensor, weight: Tensor, bias: Tensor, eps, *, compute_dtype: torch.dtype = torch.float32, out_dtype=None
+) -> Tensor:
     # poly_norm without the argument checks (polynorm.poly_norm runs them under its own name).
+    # out_dtype: y's dtype (x's when None); poly_norm_mul keeps y in the compute dtype.
     dtype = _compute_dtype(x, compute_dtype)
     # Contiguous, so that y is contiguous whatever x's strides (a copy only when x is not).
     xc = x.to(dtype, memory_format=torch.contiguous_format).contiguous()
@@ -93,4 +96,45 @@ def _poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps, *, compute_dtype: t
         return u / torch.sqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
 
     y = w[0] * norm(xc.pow(3)) + w[1] * norm(xc.pow(2)) + w[2] * norm(xc) + b
-    return y.to(x.dtype)
+    return y.to(x.dtype if out_dtype is None else out_dtype)
+
+
+def poly_norm_mul(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    eps: float = 1e-6,
+    *,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """PolyNorm times a gate, in plain PyTorch: ``out = poly_norm(x) * mul``.
+
+    The fused op's oracle (Motif's ``FusedMulPolyNorm``): ``poly_norm(x)`` is formed in
+    ``compute_dtype`` and multiplied by ``mul`` there, and the product is rounded once to
+    x's dtype; PolyNorm's y is never rounded on its own.
+
+    Args:
+        x: ``(..., H)`` tensor of float32, float64, float16 or bfloat16, H >= 1.
+        mul: x's shape and dtype, on x's device.
+        weight, bias, eps, compute_dtype: as in :func:`poly_norm`.
+
+    Returns:
+        out, with x's shape and dtype, contiguous. Autograd differentiates it.
+
+    Raises:
+        As :func:`poly_norm`; RuntimeError also for mul of another shape, dtype or device.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    eps = check_mul_forward_args(
+        "polynorm.reference.poly_norm_mul", x, mul, weight, bias, eps, traced=torch.compiler.is_compiling()
+    )
+    return _poly_norm_mul(x, mul, weight, bias, eps, compute_dtype=compute_dtype)
+
+
+def _poly_norm_mul(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, *, compute_dtype: torch.dtype = torch.float32) -> Tensor:
+    # poly_norm_mul without the argument checks.
+    dtype = _compute_dtype(x, compute_dtype)
+    y = _poly_norm(x, weight, bias, eps, compute_dtype=compute_dtype, out_dtype=dtype)
+    return (y * mul.to(dtype)).to(x.dtype, memory_format=torch.contiguous_format).contiguous()
