@@ -1,0 +1,1779 @@
+// CUDA kernels for polynorm::forward and backward, and for the fused PolyNorm x mul
+// (mul_forward, mul_backward): the kernel bodies and their launch plans, included by
+// polynorm_cuda.cu (PolyNorm) and polynorm_mul_cuda.cu (the fused op), which compile in
+// parallel. The fused op is the same kernels with kMul = true (see MulArgs).
+//
+// Three kernel families, chosen by H and the dtype alone (so a row's bits never depend on
+// its batch or on M):
+// - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row of up to 1024 * kPacks 16-byte
+//   packs (bf16: H <= 65536 forward, 32768 backward) is held in registers by G threads,
+//   read from device memory once; see "Row kernels (v4)" below. Almost every model runs here.
+// - Staged kernels (poly_norm_{fwd,bwd}_kernel): longer rows whose one-row stage still
+//   fits in shared memory, copied in with cp.async.
+// - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row, walked twice.
+// Common to all:
+// - Lane t of a row's group of G threads owns packs t, t + G, ..., so every warp access is
+//   coalesced; each per-thread sum runs over its packs in order and the group reduction
+//   has a fixed shape, set by (H, dtype): results are bitwise the same whatever the batch,
+//   the alignment of the row, or the run.
+// - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
+//   64-bit; dW and dB come from per-block partials that the backward's last block sums
+//   in block order (finish_param_grads): one launch, and the same bits on every run.
+// bench/NOTES.md records each version's prediction and measured outcome.
+#pragma once
+
+#include "polynorm.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+namespace polynorm {
+namespace {
+
+constexpr int kBlockThreads = 256;  // threads of a block when G <= 256: R = 256 / G rows per block
+constexpr int kMaxGroup = 1024;     // largest row group: one block per row
+
+// Packs each thread keeps in registers: 4 for forward (x), 2 each of x and grad_y
+// for backward. With 1024-thread groups the register cap is 64 per thread, and
+// `nvcc -Xptxas -v` shows these counts fit it without spills for fp16/bf16 (8 packs
+// spilled hundreds of bytes). Rows up to kMaxGroup * packs * VEC elements (bf16:
+// 32768 forward, 16384 backward) are read from device memory once.
+constexpr int kFwdPacks = 4;
+constexpr int kBwdPacks = 2;
+
+// A pack is 16 bytes of one row, kept as four raw 32-bit words. Elements are
+// converted to opmath when used, not when loaded: the registers hold the row in its
+// own (narrow) dtype, and keep_raw() stops the compiler from caching the converted
+// values across the row reduction instead (twice the registers for fp16/bf16).
+using Pack = uint4;
+
+__device__ __forceinline__ uint32_t& word(Pack& p, int i) { return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w; }
+__device__ __forceinline__ uint32_t word(const Pack& p, int i) {
+  return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w;
+}
+__device__ __forceinline__ void keep_raw(Pack& p) {
+  asm volatile("" : "+r"(p.x), "+r"(p.y), "+r"(p.z), "+r"(p.w));
+}
+
+// Element access and conversion by dtype. Raw bits travel as uint16/32/64.
+template <typename scalar_t>
+struct Elem;
+
+template <>
+struct Elem<float> {
+  using raw_t = uint32_t;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(r); }
+  __device__ static raw_t from_acc(float v) { return __float_as_uint(v); }
+};
+template <>
+struct Elem<double> {
+  using raw_t = unsigned long long;
+  __device__ static double to_acc(raw_t r) { return __longlong_as_double(static_cast<long long>(r)); }
+  __device__ static raw_t from_acc(double v) { return static_cast<raw_t>(__double_as_longlong(v)); }
+};
+template <>
+struct Elem<c10::Half> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __half2float(__ushort_as_half(r)); }
+  __device__ static raw_t from_acc(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+template <>
+struct Elem<c10::BFloat16> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
+  __device__ static raw_t from_acc(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
+
+template <typename scalar_t>
+struct PackOf {
+  using raw_t = typename Elem<scalar_t>::raw_t;
+  static constexpr int kVec = 16 / sizeof(scalar_t);
+
+  __device__ static raw_t get(const Pack& p, int e) {
+    if constexpr (sizeof(raw_t) == 2) {
+      return static_cast<raw_t>(word(p, e / 2) >> (16 * (e % 2)));
+    } else if constexpr (sizeof(raw_t) == 4) {
+      return word(p, e);
+    } else {
+      return (static_cast<raw_t>(word(p, 2 * e + 1)) << 32) | word(p, 2 * e);
+    }
+  }
+  __device__ static void set(Pack& p, int e, raw_t r) {
+    if constexpr (sizeof(raw_t) == 2) {
+      uint32_t& w = word(p, e / 2);
+      w = e % 2 == 0 ? (w & 0xffff0000u) | r : (w & 0x0000ffffu) | (static_cast<uint32_t>(r) << 16);
+    } else if constexpr (sizeof(raw_t) == 4) {
+      word(p, e) = r;
+    } else {
+      word(p, 2 * e) = static_cast<uint32_t>(r);
+      word(p, 2 * e + 1) = static_cast<uint32_t>(r >> 32);
+    }
+  }
+  __device__ static at::opmath_type<scalar_t> value(const Pack& p, int e) { return Elem<scalar_t>::to_acc(get(p, e)); }
+  // Rounds and stores element e of every pack from f(e): two 16-bit elements a word with
+  // one paired conversion (cvt.rn.bf16x2.f32 / f16x2) instead of two and a merge.
+  template <typename F>
+  __device__ static Pack make(F f) {
+    Pack out;
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __half2 v = __floats2half2_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) set(out, e, Elem<scalar_t>::from_acc(f(e)));
+    }
+    return out;
+  }
+};
+
+// A weight or bias element of any float dtype, read on the device so that no host
+// synchronisation (and no conversion kernel) is needed.
+struct ParamRef {
+  const void* ptr;
+  int64_t stride;
+  c10::ScalarType dtype;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t load_param(const ParamRef& p, int64_t i) {
+  switch (p.dtype) {
+    case c10::ScalarType::Double:
+      return static_cast<acc_t>(static_cast<const double*>(p.ptr)[i * p.stride]);
+    case c10::ScalarType::Half:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::Half*>(p.ptr)[i * p.stride]));
+    case c10::ScalarType::BFloat16:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::BFloat16*>(p.ptr)[i * p.stride]));
+    default:
+      return static_cast<acc_t>(static_cast<const float*>(p.ptr)[i * p.stride]);
+  }
+}
+
+// Loads pack `p` of a row (columns p*VEC .. p*VEC+VEC-1), zero past H. The
+// element-wise path (misaligned rows, the tail of an odd H) gives the same values.
+template <typename scalar_t>
+__device__ __forceinline__ Pack load_pack(const scalar_t* row, int64_t p, int64_t H, bool vec_ok) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) return *reinterpret_cast<const Pack*>(row + col);
+  const auto* raw = reinterpret_cast<const typename P::raw_t*>(row);
+  Pack out = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) P::set(out, e, raw[col + e]);
+  }
+  return out;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, bool vec_ok, const Pack& val) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) {
+    *reinterpret_cast<Pack*>(row + col) = val;
+    return;
+  }
+  auto* raw = reinterpret_cast<typename P::raw_t*>(row);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) raw[col + e] = P::get(val, e);
+  }
+}
+
+// Sums N values over the G threads of each row group; every thread of the group gets
+// the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
+// to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
+// shared memory and every thread adds the warp totals in warp order. The shape of the
+// tree depends only on G. All threads of the block must call it.
+template <int N, typename acc_t>
+__device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
+  const int G = blockDim.x;
+  const int width = G < 32 ? G : 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (G > 32) {
+    const int warps = G / 32;
+    const int warp = threadIdx.x / 32;
+    acc_t(*group_smem)[N] = smem + threadIdx.y * warps;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) group_smem[warp][k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_smem[0][k];
+      for (int w = 1; w < warps; ++w) total += group_smem[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+// The same reduction for groups laid out flat along blockDim.x (G consecutive threads
+// a group, `group` = threadIdx.x / G). `red` holds a slot per warp of the block.
+template <int N, typename acc_t>
+__device__ __forceinline__ void group_reduce_flat(acc_t (&v)[N], acc_t (*red)[N], int G, int group, int lane) {
+  const int width = G < 32 ? G : 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (G > 32) {
+    const int warps = G / 32;
+    acc_t(*group_red)[N] = red + group * warps;
+    if (lane % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) group_red[lane / 32][k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_red[0][k];
+      for (int w = 1; w < warps; ++w) total += group_red[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+// Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
+// sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials.
+template <typename acc_t>
+struct ParamGrads {
+  acc_t* partials;          // [gridDim.x, 4] opmath: one block's sums each
+  unsigned int* arrivals;   // blocks done so far; 0 between launches
+  acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
+  acc_t* grad_bias;         // (1,) opmath
+};
+
+// The fused multiply (kMul = true: mul_forward, mul_backward), docs/MATH.md:
+//   forward:  out = y * mul, with y in opmath, never rounded by itself;
+//   backward: g = grad_out * mul (opmath) drives PolyNorm's backward, and
+//             grad_mul = grad_out * y, y recomputed from x and rstd (Horner form, as forward).
+// Unused (and compiled out) when kMul = false.
+template <typename scalar_t>
+struct MulArgs {
+  const scalar_t* mul;   // [M, H], rows row_stride apart
+  int64_t row_stride;
+  bool vec_ok;           // mul's rows are 16-byte aligned (else element-wise loads)
+  scalar_t* grad_mul;    // backward: [M, H] contiguous
+  bool grad_vec_ok;      // grad_mul's rows are 16-byte aligned and H % VEC == 0
+  ParamRef bias;         // backward: (1,) any float dtype, for y
+};
+
+// Called by every thread of a block right after its threads have written the block's
+// partial (`tid`: the thread's index in the block, which has at least 128 threads). The
+// last block to arrive sums the partials in block order: warp k sums column k (lane l
+// takes blocks l, l + 32, ...; then a fixed xor tree), so the bits do not depend on which
+// block is last, and there are no atomics on the values: the same bits on every run. This
+// replaces a second kernel launch (the threadFenceReduction pattern of the CUDA samples).
+// atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
+// launches on one stream never overlap, so one counter per stream suffices
+// (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
+template <typename acc_t>
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial is visible to all blocks before it is counted
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();  // cumulative: the partial's stores, ordered before it by the barrier
+    last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial is visible to this one
+  if (tid < 128) {
+    const int col = tid / 32;
+    const int lane = tid % 32;
+    acc_t total = acc_t(0);
+    for (int64_t b = lane; b < gridDim.x; b += 32) total += __ldcg(pg.partials + b * 4 + col);
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane == 0) {
+      if (col < 3) {
+        pg.grad_weight[col] = total;
+      } else {
+        pg.grad_bias[0] = total;
+      }
+    }
+  }
+}
+
+// Forward. One pass accumulates sum x^2, x^4, x^6 in opmath; one group reduction
+// combines all three; then rstd = [r_3, r_2, r_1] and y (Horner form) are written.
+template <typename scalar_t, bool kMul>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,                                 // x rows are 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_vec_ok,                                 // y rows are 16-byte aligned (H % VEC == 0)
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    int64_t M,
+    int64_t H,
+    double eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][3];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;  // inactive threads still join the reductions
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* y_row = y + (active ? row : 0) * H;
+
+  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // Rows of up to G * kFwdPacks packs stay in registers (x read once); the launch
+  // picks G so that every row up to kMaxGroup * kFwdPacks packs does. Longer rows are
+  // walked twice, tile by tile; the second walk mostly hits L2.
+  const bool resident = packs <= int64_t(G) * kFwdPacks;
+
+  Pack buf[kFwdPacks];
+  acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& pk) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      const acc_t v2 = v * v;
+      s[0] += v2;
+      s[1] += v2 * v2;
+      s[2] += v2 * v2 * v2;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(buf[i]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(buf[i]);
+      }
+    }
+  }
+  group_reduce<3>(s, smem);
+
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+  // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+  const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+  const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+  const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+  if (!active) return;  // no barrier below
+  if (threadIdx.x == 0) {
+    rstd[row * 3 + 0] = r3;
+    rstd[row * 3 + 1] = r2;
+    rstd[row * 3 + 2] = r1;
+  }
+  const acc_t a3 = load_param<acc_t>(weight, 0) * r3;
+  const acc_t a2 = load_param<acc_t>(weight, 1) * r2;
+  const acc_t a1 = load_param<acc_t>(weight, 2) * r1;
+  const acc_t b = load_param<acc_t>(bias, 0);
+  const scalar_t* m_row = kMul ? mul.mul + row * mul.row_stride : nullptr;
+  auto output = [&](const Pack& pk, int64_t p) {
+    Pack m;
+    if constexpr (kMul) m = load_pack(m_row, p, H, mul.vec_ok);
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      acc_t o = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
+      if constexpr (kMul) o *= P::value(m, e);
+      P::set(out, e, Elem<scalar_t>::from_acc(o));
+    }
+    return out;
+  };
+
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(buf[i]);
+        store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
+      }
+    }
+  }
+}
+
+// Backward. One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and sum g; one group
+// reduction combines all four; then dx is written (docs/MATH.md):
+//   c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,
+//   dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)).
+// Each block also writes its rows' share of [dw0, dw1, dw2, db] = sum over rows of
+// [r_3 S_3, r_2 S_2, r_1 S_1, sum g], summed over its row groups in a fixed order.
+template <typename scalar_t, bool kMul>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_vec_ok,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_vec_ok,
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    int64_t M,
+    int64_t H) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][4];
+  __shared__ acc_t row_part[kBlockThreads][4];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;
+  const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* dx_row = grad_x + (active ? row : 0) * H;
+  const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : nullptr;
+  scalar_t* dm_row = kMul ? mul.grad_mul + (active ? row : 0) * H : nullptr;
+
+  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
+  const bool resident = packs <= int64_t(G) * kBwdPacks;
+
+  Pack xb[kBwdPacks];
+  Pack gb[kBwdPacks];
+  Pack mb[kMul ? kBwdPacks : 1];  // kMul: mul's packs; gb holds grad_out's
+  // g: the gradient reaching PolyNorm's y (grad_out * mul when kMul), in opmath.
+  auto grad_of = [&](const Pack& gp, const Pack& mp, int e) {
+    if constexpr (kMul) return P::value(gp, e) * P::value(mp, e);
+    return P::value(gp, e);
+  };
+  acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = grad_of(gp, mp, e);
+      const acc_t gx = g * v;
+      s[0] += gx;
+      s[1] += gx * v;
+      s[2] += gx * v * v;
+      s[3] += g;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        xb[i] = load_pack(x_row, p, H, x_vec_ok);
+        gb[i] = load_pack(g_row, p, H, g_vec_ok);
+        if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
+      }
+    }
+  }
+  group_reduce<4>(s, smem);
+
+  acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+  if (active) {
+    r3 = rstd[row * 3 + 0];
+    r2 = rstd[row * 3 + 1];
+    r1 = rstd[row * 3 + 2];
+  }
+  // This block's share of the parameter gradients: row groups in order, then one write.
+  if (threadIdx.x == 0) {
+    row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
+    row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
+    row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
+    row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
+  }
+  __syncthreads();
+  const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
+  if (tid < 4) {
+    acc_t total = row_part[0][tid];
+    for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
+    param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
+  }
+  finish_param_grads(param_grads, tid);
+  if (!active) return;  // no barrier below
+
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t c1 = load_param<acc_t>(weight, 2) * r1;
+  const acc_t c2 = acc_t(2) * load_param<acc_t>(weight, 1) * r2;
+  const acc_t c3 = acc_t(3) * load_param<acc_t>(weight, 0) * r3;
+  const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
+  const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+  const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+
+  // kMul: y's Horner coefficients, as forward computes them.
+  const acc_t a3 = kMul ? load_param<acc_t>(weight, 0) * r3 : acc_t(0);
+  const acc_t a2 = kMul ? load_param<acc_t>(weight, 1) * r2 : acc_t(0);
+  const acc_t a1 = kMul ? load_param<acc_t>(weight, 2) * r1 : acc_t(0);
+  const acc_t b = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);
+  // Writes pack p of dx (and, kMul, of grad_mul).
+  auto output = [&](const Pack& xp, const Pack& gp, const Pack& mp, int64_t p) {
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = grad_of(gp, mp, e);
+      const acc_t v2 = v * v;
+      P::set(out, e, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
+    }
+    store_pack(dx_row, p, H, dx_vec_ok, out);
+    if constexpr (kMul) {
+#pragma unroll
+      for (int e = 0; e < P::kVec; ++e) {
+        const acc_t v = P::value(xp, e);
+        P::set(out, e, Elem<scalar_t>::from_acc(P::value(gp, e) * (v * (a1 + v * (a2 + v * a3)) + b)));
+      }
+      store_pack(dm_row, p, H, mul.grad_vec_ok, out);
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        output(xb[i], gb[i], mb[kMul ? i : 0], p);
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) output(xb[i], gb[i], mb[kMul ? i : 0], p);
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------------
+// Staged kernels: the rows of a stage are copied into shared memory with cp.async
+// while the previous stage is computed (double buffering), so every SM keeps tens of
+// kilobytes of loads in flight without holding rows in registers. A staged row keeps
+// the 16-byte chunks that cover it in device memory, whatever its alignment; packs are
+// realigned on the way out of shared memory, so misaligned views and odd H also read
+// with 16-byte accesses. Used whenever a stage of one row fits in shared memory; the
+// register kernels above take the longer rows.
+// ----------------------------------------------------------------------------------
+
+__device__ __forceinline__ void cp_async16(Pack* smem, const Pack* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+#else
+  *smem = *gmem;
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most `pending` of this thread's newest copy groups are in flight.
+template <int pending>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
+#endif
+}
+
+// cp.async.wait_group takes an immediate: pending = buffers - 2 (0 or 1 here).
+__device__ __forceinline__ void cp_async_wait_pending(int pending) {
+  if (pending >= 1) {  // negative (one buffer) waits for all, like 0
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
+// The 16 bytes that start `shift` bytes into chunk a (and run on into chunk b).
+__device__ __forceinline__ Pack realign(const Pack& a, const Pack& b, int shift) {
+  uint32_t w0, w1, w2, w3, w4;
+  switch (shift >> 2) {
+    case 0: w0 = a.x; w1 = a.y; w2 = a.z; w3 = a.w; w4 = b.x; break;
+    case 1: w0 = a.y; w1 = a.z; w2 = a.w; w3 = b.x; w4 = b.y; break;
+    case 2: w0 = a.z; w1 = a.w; w2 = b.x; w3 = b.y; w4 = b.z; break;
+    default: w0 = a.w; w1 = b.x; w2 = b.y; w3 = b.z; w4 = b.w; break;
+  }
+  const unsigned bits = (shift & 3) * 8;
+  return make_uint4(__funnelshift_r(w0, w1, bits), __funnelshift_r(w1, w2, bits), __funnelshift_r(w2, w3, bits),
+                    __funnelshift_r(w3, w4, bits));
+}
+
+// A row staged in shared memory: the chunks covering it, and where it starts in them.
+struct StagedRow {
+  const Pack* chunks;
+  int shift;  // bytes from the first chunk's start to the row's first element
+
+  __device__ __forceinline__ Pack pack(int64_t p) const {
+    const Pack a = chunks[p];
+    return shift == 0 ? a : realign(a, chunks[p + 1], shift);
+  }
+};
+
+// Issues the copies of one row's covering chunks (lanes of a group stride over them).
+template <typename scalar_t>
+__device__ __forceinline__ void stage_row(Pack* dst, const scalar_t* row, int64_t H, int lane, int G) {
+  const uintptr_t start = reinterpret_cast<uintptr_t>(row);
+  const uintptr_t first = start & ~uintptr_t(15);
+  const int64_t n = static_cast<int64_t>((start + uintptr_t(H) * sizeof(scalar_t) - first + 15) / 16);
+  const Pack* src = reinterpret_cast<const Pack*>(first);
+  for (int64_t j = lane; j < n; j += G) cp_async16(dst + j, src + j);
+}
+
+__device__ __forceinline__ int misalignment(const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15); }
+
+// Writes one row from a staging area laid out like a staged input row (same shift as the
+// output row's address): whole 16-byte chunks in one store, the partial first and last
+// chunks element by element, so no byte outside the row is written.
+template <typename scalar_t>
+__device__ __forceinline__ void store_staged_row(scalar_t* row, const Pack* staged, int64_t H, int lane, int G) {
+  using raw_t = typename Elem<scalar_t>::raw_t;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(row);
+  const uintptr_t first = start & ~uintptr_t(15);
+  const uintptr_t end = start + uintptr_t(H) * sizeof(scalar_t);
+  const int64_t n = static_cast<int64_t>((end - first + 15) / 16);
+  Pack* dst = reinterpret_cast<Pack*>(first);
+  for (int64_t j = lane; j < n; j += G) {
+    const uintptr_t lo = first + uintptr_t(j) * 16;
+    if (lo >= start && lo + 16 <= end) {
+      dst[j] = staged[j];
+    } else {
+      const raw_t* src = reinterpret_cast<const raw_t*>(staged + j);
+      raw_t* out = reinterpret_cast<raw_t*>(lo);
+#pragma unroll
+      for (int e = 0; e < int(16 / sizeof(raw_t)); ++e) {
+        const uintptr_t at = lo + e * sizeof(raw_t);
+        if (at >= start && at < end) out[e] = src[e];
+      }
+    }
+  }
+}
+
+// Puts element e of an output pack into a staging row at byte offset `shift` (the
+// output row's own misalignment), so that store_staged_row can write whole chunks.
+template <typename scalar_t>
+__device__ __forceinline__ void stage_pack(Pack* staged, int shift, int64_t p, int64_t H, const Pack& val) {
+  using P = PackOf<scalar_t>;
+  using raw_t = typename P::raw_t;
+  raw_t* base = reinterpret_cast<raw_t*>(reinterpret_cast<char*>(staged) + shift);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (p * P::kVec + e < H) base[p * P::kVec + e] = P::get(val, e);
+  }
+}
+
+// Launch geometry of the staged kernels (host side computes it from H and dtype).
+struct StagedGeometry {
+  int rows;        // R rows per stage, one group of G = blockDim.x / R threads each
+  int pitch;       // 16-byte chunks per staged row: packs + 1 (room for a misaligned start)
+  int buffers;     // 1..3: stages in flight + 1; 1: the next stage loads after this one is done
+  bool out_staged; // the output rows are misaligned or H * size is not a multiple of 16
+};
+
+// Forward, staged. blockDim.x = R * G; a persistent grid walks the stages.
+template <typename scalar_t>
+__global__ void __launch_bounds__(512) poly_norm_fwd_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    int64_t M,
+    int64_t H,
+    double eps,
+    StagedGeometry geo) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack smem_chunks[];
+  __shared__ acc_t red[512 / 32][3];
+
+  const int R = geo.rows;
+  const int G = blockDim.x / R;
+  const int group = threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const int64_t packs = (H + P::kVec - 1) / P::kVec;
+  const int64_t stage_chunks = int64_t(R) * geo.pitch;
+  Pack* out_stage = smem_chunks + geo.buffers * stage_chunks;  // used when geo.out_staged
+  const int64_t stages = (M + R - 1) / R;
+
+  // Parameters first: their latency hides under the first stage's copies.
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+
+  auto issue = [&](int64_t stage, int buf) {
+    const int64_t row = stage * R + group;
+    if (stage < stages && row < M) stage_row(smem_chunks + buf * stage_chunks + int64_t(group) * geo.pitch, x + row * x_row_stride, H, lane, G);
+    cp_async_commit();
+  };
+
+  // Pipeline: stages `buffers - 1` ahead are in flight while one is computed. After the
+  // barrier that ends the wait for stage i, every thread is done with stage i - 1, whose
+  // buffer then takes stage i + buffers - 1. With one buffer, the next copies start
+  // after the stage is computed.
+  const int ahead = geo.buffers - 1;
+  for (int k = 0; k < ahead; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
+  if (ahead == 0) issue(blockIdx.x, 0);
+  int it = 0;
+  for (int64_t stage = blockIdx.x; stage < stages; stage += gridDim.x, ++it) {
+    const int buf = it % geo.buffers;
+    cp_async_wait_pending(ahead - 1);
+    __syncthreads();
+    if (ahead > 0) issue(stage + int64_t(ahead) * gridDim.x, (it + ahead) % geo.buffers);
+
+    const int64_t row = stage * R + group;
+    const bool active = row < M;
+    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    const StagedRow xs{smem_chunks + buf * stage_chunks + int64_t(group) * geo.pitch, misalignment(x_row)};
+
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
+    if (active) {
+      for (int64_t p = lane; p < packs; p += G) {
+        const Pack pk = xs.pack(p);
+#pragma unroll
+        for (int k = 0; k < P::kVec; ++k) {
+          const acc_t v = p * P::kVec + k < H ? P::value(pk, k) : acc_t(0);
+          const acc_t v2 = v * v;
+          s[0] += v2;
+          s[1] += v2 * v2;
+          s[2] += v2 * v2 * v2;
+        }
+      }
+    }
+    group_reduce_flat<3>(s, red, G, group, lane);
+    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+    scalar_t* y_row = y + (active ? row : 0) * H;
+    const int y_shift = misalignment(y_row);
+    Pack* ys = out_stage + int64_t(group) * geo.pitch;
+    if (active) {
+      if (lane == 0) {
+        rstd[row * 3 + 0] = r3;
+        rstd[row * 3 + 1] = r2;
+        rstd[row * 3 + 2] = r1;
+      }
+      for (int64_t p = lane; p < packs; p += G) {
+        const Pack pk = xs.pack(p);
+        Pack out;
+#pragma unroll
+        for (int k = 0; k < P::kVec; ++k) {
+          const acc_t v = P::value(pk, k);
+          P::set(out, k, Elem<scalar_t>::from_acc(v * (a1 + v * (a2 + v * a3)) + b));  // Horner form
+        }
+        if (geo.out_staged) {
+          stage_pack<scalar_t>(ys, y_shift, p, H, out);
+        } else {
+          reinterpret_cast<Pack*>(y_row)[p] = out;
+        }
+      }
+    }
+    if (geo.out_staged) {
+      __syncthreads();
+      if (active) store_staged_row(y_row, ys, H, lane, G);
+    }
+    if (ahead == 0) {
+      __syncthreads();  // the one buffer is free for the next stage's copies
+      issue(stage + gridDim.x, 0);
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// Backward, staged: x and grad_y of a stage side by side in shared memory.
+template <typename scalar_t>
+__global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    int64_t M,
+    int64_t H,
+    StagedGeometry geo) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack smem_chunks[];
+  __shared__ acc_t red[512 / 32][4];
+  __shared__ acc_t group_part[256][4];  // R <= 256
+
+  const int R = geo.rows;
+  const int G = blockDim.x / R;
+  const int group = threadIdx.x / G;
+  const int lane = threadIdx.x % G;
+  const int64_t packs = (H + P::kVec - 1) / P::kVec;
+  const int64_t stage_chunks = int64_t(R) * geo.pitch;  // per tensor
+  Pack* out_stage = smem_chunks + geo.buffers * 2 * stage_chunks;
+  const int64_t stages = (M + R - 1) / R;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+
+  auto issue = [&](int64_t stage, int buf) {
+    const int64_t row = stage * R + group;
+    if (stage < stages && row < M) {
+      Pack* base = smem_chunks + buf * 2 * stage_chunks + int64_t(group) * geo.pitch;
+      stage_row(base, x + row * x_row_stride, H, lane, G);
+      stage_row(base + stage_chunks, grad_y + row * g_row_stride, H, lane, G);
+    }
+    cp_async_commit();
+  };
+
+  acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  // Pipeline: stages `buffers - 1` ahead are in flight while one is computed. After the
+  // barrier that ends the wait for stage i, every thread is done with stage i - 1, whose
+  // buffer then takes stage i + buffers - 1. With one buffer, the next copies start
+  // after the stage is computed.
+  const int ahead = geo.buffers - 1;
+  for (int k = 0; k < ahead; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
+  if (ahead == 0) issue(blockIdx.x, 0);
+  int it = 0;
+  for (int64_t stage = blockIdx.x; stage < stages; stage += gridDim.x, ++it) {
+    const int buf = it % geo.buffers;
+    cp_async_wait_pending(ahead - 1);
+    __syncthreads();
+    if (ahead > 0) issue(stage + int64_t(ahead) * gridDim.x, (it + ahead) % geo.buffers);
+
+    const int64_t row = stage * R + group;
+    const bool active = row < M;
+    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
+    const Pack* base = smem_chunks + buf * 2 * stage_chunks + int64_t(group) * geo.pitch;
+    const StagedRow xs{base, misalignment(x_row)};
+    const StagedRow gs{base + stage_chunks, misalignment(g_row)};
+
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+    if (active) {
+      for (int64_t p = lane; p < packs; p += G) {
+        const Pack xp = xs.pack(p);
+        const Pack gp = gs.pack(p);
+#pragma unroll
+        for (int k = 0; k < P::kVec; ++k) {
+          const bool in = p * P::kVec + k < H;
+          const acc_t v = in ? P::value(xp, k) : acc_t(0);
+          const acc_t g = in ? P::value(gp, k) : acc_t(0);
+          const acc_t gx = g * v;
+          s[0] += gx;
+          s[1] += gx * v;
+          s[2] += gx * v * v;
+          s[3] += g;
+        }
+      }
+    }
+    group_reduce_flat<4>(s, red, G, group, lane);
+
+    scalar_t* dx_row = grad_x + (active ? row : 0) * H;
+    const int dx_shift = misalignment(dx_row);
+    Pack* ds = out_stage + int64_t(group) * geo.pitch;
+    if (active) {
+      const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
+      part[0] += r3 * s[2];
+      part[1] += r2 * s[1];
+      part[2] += r1 * s[0];
+      part[3] += s[3];
+      const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
+      const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
+      const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+      const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+      for (int64_t p = lane; p < packs; p += G) {
+        const Pack xp = xs.pack(p);
+        const Pack gp = gs.pack(p);
+        Pack out;
+#pragma unroll
+        for (int k = 0; k < P::kVec; ++k) {
+          const acc_t v = P::value(xp, k);
+          const acc_t g = P::value(gp, k);
+          const acc_t v2 = v * v;
+          P::set(out, k, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
+        }
+        if (geo.out_staged) {
+          stage_pack<scalar_t>(ds, dx_shift, p, H, out);
+        } else {
+          reinterpret_cast<Pack*>(dx_row)[p] = out;
+        }
+      }
+    }
+    if (geo.out_staged) {
+      __syncthreads();
+      if (active) store_staged_row(dx_row, ds, H, lane, G);
+    }
+    if (ahead == 0) {
+      __syncthreads();  // the one buffer is free for the next stage's copies
+      issue(stage + gridDim.x, 0);
+    }
+  }
+  cp_async_wait<0>();
+
+  // The block's partial: its groups in order (each group's rows already in order).
+  if (lane == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    acc_t total = group_part[0][threadIdx.x];
+    for (int r = 1; r < R; ++r) total += group_part[r][threadIdx.x];
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+  }
+  finish_param_grads(param_grads, threadIdx.x);
+}
+
+// ----------------------------------------------------------------------------------
+// Row kernels (v4): a row held in registers by G threads with few threads a row and
+// many bytes a thread (kPacks 16-byte packs: 128 bytes of x forward, 64 of x and 64 of
+// grad_y backward), so that an SM keeps ~128 KB of loads in flight with no barrier
+// but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
+// every row of up to 1024 * kPacks packs.
+// - Lane t of a group owns packs t, t + G, ..., so every warp access is coalesced.
+// - A persistent grid walks blocks of R = threads / G rows.
+// - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned
+//   16-byte chunks: a lane's pack is realigned from its chunk and the next one, which
+//   the next lane holds (a shuffle); the last lane of a warp segment fetches its next
+//   chunk itself through cp.async into a shared-memory slot. Stores go the other way.
+//   The packs, and so the arithmetic and the bits, are the same as for aligned rows.
+// ----------------------------------------------------------------------------------
+
+constexpr int kRowFwdPacks = 8;    // 128 bytes of x per thread
+constexpr int kRowBwdPacks = 4;    // 64 bytes each of x and grad_y per thread
+constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
+constexpr int kRowMaxThreads = 1024;
+// Blocks of the <= 256-thread builds that must fit an SM at once: 3 caps them at 80
+// registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
+#ifndef POLYNORM_ROW_MIN_BLOCKS
+#define POLYNORM_ROW_MIN_BLOCKS 3
+#endif
+
+__device__ __forceinline__ Pack shfl_down_pack(const Pack& v, int width) {
+  return make_uint4(__shfl_down_sync(0xffffffffu, v.x, 1, width), __shfl_down_sync(0xffffffffu, v.y, 1, width),
+                    __shfl_down_sync(0xffffffffu, v.z, 1, width), __shfl_down_sync(0xffffffffu, v.w, 1, width));
+}
+__device__ __forceinline__ Pack shfl_up_pack(const Pack& v, int width) {
+  return make_uint4(__shfl_up_sync(0xffffffffu, v.x, 1, width), __shfl_up_sync(0xffffffffu, v.y, 1, width),
+                    __shfl_up_sync(0xffffffffu, v.z, 1, width), __shfl_up_sync(0xffffffffu, v.w, 1, width));
+}
+
+// Where the group's lanes stand: G threads a row, W = min(G, 32) lanes a warp segment.
+struct RowLane {
+  int lane;      // 0..G-1
+  int G;
+  int W;
+  bool seg_first;
+  bool seg_last;
+};
+
+// Loads a row's packs into registers in two steps, so that the loads of several rows
+// (x and grad_y) are in flight together: issue_row starts them, finish_row realigns.
+// Afterwards buf[i] = pack lane + i * G (zero past the row; elements past H inside the
+// last pack are garbage that the caller masks). `realign_rows`: some rows of the tensor
+// are not 16-byte aligned; `edge` is this warp segment's kPacks shared-memory slots
+// (used then only). finish_row needs cp_async_commit + cp_async_wait<0> before it.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
+                                          bool realign_rows, Pack* edge) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
+  const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
+  // Chunks covering the row: P, or P + 1 when a misaligned row spills into one more.
+  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16) : P;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = rl.lane + i * rl.G;
+    buf[i] = p < chunks ? src[p] : make_uint4(0u, 0u, 0u, 0u);
+    if (realign_rows && rl.seg_last && p < P && p + 1 < chunks) cp_async16(edge + i, src + p + 1);
+  }
+}
+
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
+                                           bool realign_rows, const Pack* edge, bool mask_tail) {
+  using P = PackOf<scalar_t>;
+  if (realign_rows) {
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      Pack next = shfl_down_pack(buf[i], rl.W);  // every lane takes part
+      if (rl.seg_last) next = edge[i];  // unloaded slots hold bytes past the row: masked below
+      buf[i] = realign(buf[i], next, shift);
+    }
+  }
+  // Zero what lies past the row (packs past the end, the tail of a partial last pack),
+  // so that the sums need no per-element test. Without mask_tail the row is whole packs.
+  if (mask_tail) {
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.lane + i * rl.G;
+      if (p >= packs) {
+        buf[i] = make_uint4(0u, 0u, 0u, 0u);
+      } else if (p == packs - 1) {
+        const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
+#pragma unroll
+        for (int e = 1; e < P::kVec; ++e) {
+          if (e >= valid) P::set(buf[i], e, typename P::raw_t(0));
+        }
+      }
+    }
+  }
+}
+
+// Writes elements of `v` at byte offsets [lo, hi) of the 16-byte chunk `dst`.
+template <typename scalar_t>
+__device__ __forceinline__ void store_chunk_part(Pack* dst, const Pack& v, int lo, int hi) {
+  using P = PackOf<scalar_t>;
+  using raw_t = typename P::raw_t;
+  raw_t* out = reinterpret_cast<raw_t*>(dst);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    const int at = e * int(sizeof(raw_t));
+    if (at >= lo && at < hi) out[e] = P::get(v, e);
+  }
+}
+
+// Stores the packs of a row (the inverse of load_row). Without `realign_rows` every row
+// is 16-byte aligned and H is a multiple of the pack width.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPacks], int64_t H, const RowLane& rl,
+                                          bool realign_rows, bool active) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
+  if (!realign_rows) {
+    if (!active) return;
+    Pack* dst = reinterpret_cast<Pack*>(row);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.lane + i * rl.G;
+      if (p < P) dst[p] = out[i];
+    }
+    return;
+  }
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = static_cast<int>(addr & 15);
+  Pack* dst = reinterpret_cast<Pack*>(addr - shift);
+  const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));  // row end, in bytes from dst
+  const int chunks = (end + 15) / 16;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack prev = shfl_up_pack(out[i], rl.W);  // every lane takes part
+    const int p = rl.lane + i * rl.G;
+    if (!active || p >= P) continue;
+    // Chunk p holds the last `shift` bytes of pack p - 1, then the first 16 - shift of
+    // pack p. The first lane of a segment has no pack p - 1: its owner writes that tail.
+    const int lo = (shift != 0 && rl.seg_first) ? shift : 0;
+    const int hi = min(16, end - 16 * p);
+    const Pack chunk = shift == 0 ? out[i] : realign(prev, out[i], 16 - shift);
+    if (lo == 0 && hi == 16) {
+      dst[p] = chunk;
+    } else {
+      store_chunk_part<scalar_t>(dst + p, chunk, lo, hi);
+    }
+    if (shift != 0 && (rl.seg_last || p == P - 1) && p + 1 < chunks) {
+      // This pack's tail: the first `shift` bytes of chunk p + 1.
+      store_chunk_part<scalar_t>(dst + p + 1, realign(out[i], out[i], 16 - shift), 0,
+                                 min(shift, end - 16 * (p + 1)));
+    }
+  }
+}
+
+// Sums N values over the G lanes of each row group; every lane gets the total. Inside
+// a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
+// double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
+// adds the warp totals in warp order. The tree depends only on G.
+template <int N, typename acc_t>
+__device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (rl.G > 32) {
+    const int warps = rl.G / 32;
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) red[warp][k] = v[k];
+    }
+    __syncthreads();
+    acc_t(*group_red)[N] = red + (warp / warps) * warps;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_red[0][k];
+      for (int w = 1; w < warps; ++w) total += group_red[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+__device__ __forceinline__ RowLane row_lane(int G) {
+  const int lane = threadIdx.x % G;
+  const int W = G < 32 ? G : 32;
+  return RowLane{lane, G, W, lane % W == 0, lane % W == W - 1};
+}
+
+// Forward, row kernel. blockDim.x = R * G; dynamic shared memory: kPacks slots per warp
+// segment when x_realign.
+template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_fwd_row_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,                            // some x rows are not 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_realign_arg,                            // y rows are not all aligned, or H % VEC != 0
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    int64_t M,
+    int64_t H,
+    double eps,
+    int G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack edge_slots[];
+  __shared__ acc_t red[2][kRowMaxThreads / 32][3];
+  // kRealign = false: every row aligned, H a multiple of the pack width; the
+  // compiler then drops the realignment code and its registers.
+  const bool x_realign = kRealign && x_realign_arg;
+  const bool y_realign = kRealign && y_realign_arg;
+
+  const RowLane rl = row_lane(G);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  Pack* edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+
+  int parity = 0;
+  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;  // inactive groups read row 0 and join the barriers
+    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    Pack buf[kPacks];
+    issue_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge);
+    // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
+    // during the reduction; element-wise when mul's rows are misaligned.
+    Pack mb[kMul ? kPacks : 1];
+    if constexpr (kMul) {
+      const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
+      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int p = rl.lane + i * rl.G;
+        mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    if (x_realign) {
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    finish_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge, kRealign);
+
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, buf holds zeros
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(buf[i], k);
+        const acc_t v2 = v * v;
+        s[0] += v2;
+        s[1] += v2 * v2;
+        s[2] += v2 * v2 * v2;
+      }
+    }
+    row_reduce<3>(s, red[parity], rl);
+
+    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    if (active && rl.lane == 0) {
+      rstd[row * 3 + 0] = r3;
+      rstd[row * 3 + 1] = r2;
+      rstd[row * 3 + 2] = r1;
+    }
+    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(buf[i]);
+      const Pack in = buf[i];
+      const Pack m = mb[kMul ? i : 0];
+      buf[i] = P::make([&](int k) {
+        const acc_t v = P::value(in, k);
+        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
+        if constexpr (kMul) return yv * P::value(m, k);
+        return yv;
+      });
+    }
+    store_row<scalar_t, kPacks>(y + (active ? row : 0) * H, buf, H, rl, y_realign, active);
+  }
+}
+
+// Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
+// reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
+template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
+__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_bwd_row_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_realign_arg,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_realign_arg,
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    int64_t M,
+    int64_t H,
+    int G) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  extern __shared__ Pack edge_slots[];
+  __shared__ acc_t red[2][kRowMaxThreads / 32][4];
+  __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
+  const bool x_realign = kRealign && x_realign_arg;  // as in forward
+  const bool g_realign = kRealign && g_realign_arg;
+  const bool dx_realign = kRealign && dx_realign_arg;
+
+  const RowLane rl = row_lane(G);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  const int segments = blockDim.x / rl.W;
+  Pack* x_edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
+  Pack* g_edge = x_edge + segments * kPacks;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2);
+  const acc_t mb_bias = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);  // kMul: y's bias
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+
+  acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  int parity = 0;
+  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;
+    const int64_t r = active ? row : 0;
+    acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+    if (active) {  // issued before the row's loads complete
+      r3 = rstd[row * 3 + 0];
+      r2 = rstd[row * 3 + 1];
+      r1 = rstd[row * 3 + 2];
+    }
+    const scalar_t* x_row = x + r * x_row_stride;
+    const scalar_t* g_row = grad_y + r * g_row_stride;
+    Pack xb[kPacks];
+    Pack gb[kPacks];
+    issue_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge);
+    issue_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge);
+    if (x_realign || g_realign) {
+      cp_async_commit();
+      cp_async_wait<0>();
+    }
+    // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
+    // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
+    Pack mb[kMul ? kPacks : 1];
+    if constexpr (kMul) {
+      const scalar_t* m_row = mul.mul + r * mul.row_stride;
+      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int p = rl.lane + i * rl.G;
+        mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+      }
+    }
+    auto grad_of = [&](const Pack& gp, const Pack& mp, int k) {
+      if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
+      return P::value(gp, k);
+    };
+    finish_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge, kRealign);
+    finish_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge, kRealign);
+
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, xb and gb hold zeros
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(xb[i], k);
+        const acc_t g = grad_of(gb[i], mb[kMul ? i : 0], k);
+        const acc_t gx = g * v;
+        s[0] += gx;
+        s[1] += gx * v;
+        s[2] += gx * v * v;
+        s[3] += g;
+      }
+    }
+    row_reduce<4>(s, red[parity], rl);
+
+    if (active) {
+      part[0] += r3 * s[2];
+      part[1] += r2 * s[1];
+      part[2] += r1 * s[0];
+      part[3] += s[3];
+    }
+    // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
+    // range for |x| ~ 3e4 or tiny rows with eps = 0.
+    const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
+    const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
+    const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+    const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+    // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
+    // goes to gb (grad_out's registers), x's become dx.
+    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(xb[i]);
+      keep_raw(gb[i]);
+      const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
+      xb[i] = P::make([&](int k) {
+        const acc_t v = P::value(xp, k);
+        const acc_t g = grad_of(gp, mp, k);
+        const acc_t v2 = v * v;
+        return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
+      });
+      if constexpr (kMul) {
+        gb[i] = P::make([&](int k) {
+          const acc_t v = P::value(xp, k);
+          return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
+        });
+      }
+    }
+    store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
+    if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kRealign && !mul.grad_vec_ok, active);
+  }
+
+  // The block's partial: its groups in order (each group's rows already in order).
+  if (rl.lane == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    acc_t total = group_part[0][threadIdx.x];
+    for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+  }
+  finish_param_grads(param_grads, threadIdx.x);
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+ParamRef param_ref(const at::Tensor& t) {
+  // numel is 1 or 3; a flat view's stride steps between elements (the tensor may be a view).
+  const at::Tensor flat = t.reshape({t.numel()});
+  return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
+}
+
+// Register kernels (rows too long for a shared-memory stage): the smallest power-of-two
+// group G that covers the row's packs with at most kPacks packs per thread (up to
+// kMaxGroup; longer rows are tiled). R = 256 / G rows share a block.
+dim3 tiled_block_shape(int64_t H, int vec, int packs_per_thread) {
+  const int64_t packs = (H + vec - 1) / vec;
+  int G = 1;
+  while (G < kMaxGroup && int64_t(G) * packs_per_thread < packs) G *= 2;
+  return dim3(G, G >= kBlockThreads ? 1 : kBlockThreads / G);
+}
+
+// Staged kernels. Every choice comes from H, the dtype and the device's shared-memory
+// limit, never from M, so a row's bits do not depend on its batch.
+// - R rows per stage: the most (a power of two, <= 256) whose inputs stay within
+//   kStageBytes (32 KB). Three buffers: two stages of copies in flight per block while
+//   the third is computed; two such blocks fit an SM, ~128 KB of loads in flight. (v2
+//   with two 20 KB buffers kept ~60 KB in flight and ran 1.3-2x over the floor.)
+// - 256 threads, G = 256 / R per row; a one-row stage of 16 KB or more gets 512
+//   threads, so that the arithmetic of a long row is spread over more warps.
+// - Fewer buffers when three do not fit the limit (one: the next stage's copies start
+//   after this stage is done); a row that does not fit even once goes to the register
+//   kernels.
+constexpr int64_t kStageBytes = 32 * 1024;
+
+struct Plan {
+  bool staged;
+  int threads;
+  size_t smem;
+  StagedGeometry geo;
+};
+
+Plan staged_plan(int64_t H, int elem_size, int inputs, bool out_staged, int64_t smem_limit) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  const int64_t pitch = packs + 1;
+  const int64_t row_bytes = pitch * 16 * inputs;
+  int R = 1;
+  while (R < 256 && 2 * R * row_bytes <= kStageBytes) R *= 2;
+  const int threads = (R == 1 && row_bytes >= 16 * 1024) ? 512 : 256;
+  const int64_t out_bytes = out_staged ? R * pitch * 16 : 0;
+  for (int buffers = 3; buffers >= 1; --buffers) {
+    const int64_t smem = buffers * R * row_bytes + out_bytes;
+    if (smem <= smem_limit && pitch < (int64_t(1) << 30)) {
+      return {true, threads, static_cast<size_t>(smem),
+              StagedGeometry{R, static_cast<int>(pitch), buffers, out_staged}};
+    }
+  }
+  return {false, 0, 0, StagedGeometry{}};
+}
+
+// Dynamic shared memory a block may use, less what the kernels declare statically.
+int64_t dynamic_smem_limit() {
+  int device = 0, optin = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return int64_t(optin) - 24 * 1024;  // room for the static reduction arrays (<= 16.3 KB)
+}
+
+// Persistent grid: as many blocks as fit on the device at once, at most one per stage.
+template <typename Kernel>
+int64_t persistent_grid(Kernel kernel, const Plan& plan, int64_t stages) {
+  // Always raise the dynamic limit: the 48 KB default counts the static arrays too, so a
+  // dynamic size just under 48 KB can still fail to launch (seen: fp64, H = 3, 49152 B).
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
+  int device = 0, sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.threads, plan.smem));
+  return std::max<int64_t>(1, std::min<int64_t>(stages, int64_t(sms) * std::max(per_sm, 1)));
+}
+
+// Row kernels: G = the smallest power of two with G * kPacks >= the row's packs, so a
+// row is read once and held in registers; up to 1024 threads a row (bf16: H <= 65536
+// forward, 32768 backward). Blocks of max(G, 128) threads: 128-thread blocks keep up to
+// 16 blocks an SM resident when rows are short. The persistent grid is as many blocks
+// as fit at once (their register use caps it, ~64 a thread under the 1024-thread
+// bound), each walking rows gridDim apart. Only H and the dtype choose G, the tree of
+// the reduction; M only sets the grid, which no row's bits depend on.
+struct RowPlan {
+  bool ok;
+  int G;
+  int threads;
+};
+
+RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  int64_t G = 1;
+  while (G * packs_per_thread < packs) G *= 2;
+  if (G > kRowMaxThreads) return {false, 0, 0};
+  return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
+}
+
+// Shared memory for the edge slots of misaligned rows: kPacks per warp segment and tensor.
+size_t row_edge_smem(const RowPlan& plan, int packs_per_thread, int realigned_inputs) {
+  const int W = std::min(plan.G, 32);
+  return static_cast<size_t>(plan.threads / W) * packs_per_thread * 16 * realigned_inputs;
+}
+
+// Four builds of each row kernel: with or without the realignment code (misaligned
+// rows or odd H), and for blocks of up to 256 threads (free to use ~70-90 registers a
+// thread) or up to 1024 (capped at 64, where a few values spill to local memory).
+template <typename Kernel>
+Kernel row_kernel(const RowPlan& plan, bool realign, Kernel small, Kernel small_realign, Kernel large,
+                  Kernel large_realign) {
+  if (plan.threads <= 256) return realign ? small_realign : small;
+  return realign ? large_realign : large;
+}
+
+// The SM count and a kernel's resident blocks per SM, cached per device: querying them
+// takes microseconds, as long as a small kernel runs.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks = int64_t(sms) * std::max(per_sm, 1);
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+template <typename Kernel>
+int64_t row_grid(Kernel kernel, const RowPlan& plan, size_t smem, int64_t M) {
+  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_blocks(kernel, plan.threads, smem)));
+}
+
+// Arrival counters for the backward's last-block reduction (finish_param_grads), in static
+// device memory: zero when the module loads, never allocated (so a first use inside
+// CUDA-graph capture is fine), and back at zero after every launch. Two launches must never
+// run on one counter at the same time:
+// - An eager launch takes its stream's counter. Launches on one stream run one after
+//   another. Streams get counters in order of first use; past kStreamSlots streams on a
+//   device they share, which matters only if two of those streams run a backward at once.
+// - A launch captured into a CUDA graph takes a counter of its own, never used by another
+//   launch (a graph may be replayed on any stream, concurrently with eager work, while one
+//   graph's replays run one after another). Past kCaptureSlots captures on a device, the
+//   capture counters are reused, oldest first.
+constexpr int kStreamSlots = 4096;
+constexpr int kCaptureSlots = 61440;
+__device__ unsigned int g_arrivals[kStreamSlots + kCaptureSlots];  // 256 KB a device
+
+unsigned int* arrival_counter(cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  struct DeviceSlots {
+    unsigned int* base = nullptr;
+    std::map<cudaStream_t, unsigned int*> streams;
+    int64_t captures = 0;
+  };
+  static std::mutex mutex;
+  static std::map<int, DeviceSlots> devices;
+  const std::lock_guard<std::mutex> lock(mutex);
+  DeviceSlots& slots = devices[device];
+  if (slots.base == nullptr) {
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
+    slots.base = static_cast<unsigned int*>(ptr);
+  }
+  if (capture != cudaStreamCaptureStatusNone) {
+    return slots.base + kStreamSlots + (slots.captures++ % kCaptureSlots);
+  }
+  const auto it = slots.streams.find(stream);
+  if (it != slots.streams.end()) return it->second;
+  unsigned int* slot = slots.base + static_cast<int64_t>(slots.streams.size()) % kStreamSlots;
+  slots.streams.emplace(stream, slot);
+  return slot;
+}
+
+// Packs a thread keeps per tensor in the fused op's row kernels: forward holds x and mul
+// (as backward holds x and grad_y), backward x, grad_out and mul. Longer rows take the
+// tiled kernels (the staged ones have no fused multiply).
+constexpr int kRowMulFwdPacks = kRowBwdPacks;
+constexpr int kRowMulBwdPacks = 2;
+
+// One launch of the forward (kMul = false: polynorm::forward; true: mul_forward, with
+// `mul` read like x). Fills out [M, H] and rstd [M, 3]; argument checks are the caller's.
+template <bool kMul>
+void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& weight, const at::Tensor& bias,
+                    double eps, at::Tensor& out, at::Tensor& rstd) {
+  if (rows.M == 0) return;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "polynorm.forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    constexpr int kPacks = kMul ? kRowMulFwdPacks : kRowFwdPacks;
+    const scalar_t* x_ptr = rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* y_ptr = out.mutable_data_ptr<scalar_t>();
+    const bool y_vec_ok = aligned16(y_ptr) && rows.H % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && rows.row_stride % kVec == 0;
+    MulArgs<scalar_t> mul{};
+    if constexpr (kMul) {
+      mul.mul = mul_rows->tensor.const_data_ptr<scalar_t>();
+      mul.row_stride = mul_rows->row_stride;
+      mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
+    }
+    const RowPlan row = row_plan(rows.H, sizeof(scalar_t), kPacks);
+    if (row.ok) {
+      const bool realign = !x_vec_ok || !y_vec_ok;
+      const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
+                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+      const size_t smem = x_vec_ok ? 0 : row_edge_smem(row, kPacks, 1);
+      const int64_t grid = row_grid(kernel, row, smem, rows.M);
+      kernel<<<static_cast<unsigned>(grid), row.threads, smem, stream>>>(
+          x_ptr, rows.row_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
+          param_ref(bias), mul, rows.M, rows.H, eps, row.G);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      return;
+    }
+    const Plan plan = kMul ? Plan{} : staged_plan(rows.H, sizeof(scalar_t), 1, !y_vec_ok, dynamic_smem_limit());
+    if (plan.staged) {
+      const int64_t stages = (rows.M + plan.geo.rows - 1) / plan.geo.rows;
+      const int64_t grid = persistent_grid(poly_norm_fwd_kernel<scalar_t>, plan, stages);
+      poly_norm_fwd_kernel<scalar_t><<<static_cast<unsigned>(grid), plan.threads, plan.smem, stream>>>(
+          x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), param_ref(weight), param_ref(bias),
+          rows.M, rows.H, eps, plan.geo);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      const dim3 block = tiled_block_shape(rows.H, kVec, kFwdPacks);
+      const int64_t grid = (rows.M + block.y - 1) / block.y;
+      poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+          x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
+          param_ref(bias), mul, rows.M, rows.H, eps);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+// One launch of the backward (kMul = false: polynorm::backward, g_rows = grad_y; true:
+// mul_backward, g_rows = grad_out, and grad_mul is written). Fills grad_x, grad_weight and
+// grad_bias (opmath sums); argument checks are the caller's.
+template <bool kMul>
+void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_rows, const at::Tensor& weight,
+                     const at::Tensor* bias, const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor* grad_mul,
+                     at::Tensor& grad_weight, at::Tensor& grad_bias) {
+  if (x_rows.M == 0) {
+    grad_weight.zero_();
+    grad_bias.zero_();
+    return;
+  }
+  const at::Tensor rstd_c = rstd.contiguous();  // [M, 3]: at most a tiny copy
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_x.scalar_type(), "polynorm.backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    constexpr int kPacks = kMul ? kRowMulBwdPacks : kRowBwdPacks;
+    const scalar_t* g_ptr = g_rows.tensor.const_data_ptr<scalar_t>();
+    const scalar_t* x_ptr = x_rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
+    const bool dx_vec_ok = aligned16(dx_ptr) && x_rows.H % kVec == 0;
+    const bool g_vec_ok = aligned16(g_ptr) && g_rows.row_stride % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && x_rows.row_stride % kVec == 0;
+    MulArgs<scalar_t> mul{};
+    if constexpr (kMul) {
+      mul.mul = mul_rows->tensor.const_data_ptr<scalar_t>();
+      mul.row_stride = mul_rows->row_stride;
+      mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
+      mul.grad_mul = grad_mul->mutable_data_ptr<scalar_t>();
+      mul.grad_vec_ok = aligned16(mul.grad_mul) && x_rows.H % kVec == 0;
+      mul.bias = param_ref(*bias);
+    }
+    const RowPlan row = row_plan(x_rows.H, sizeof(scalar_t), kPacks);
+    const Plan plan = (row.ok || kMul) ? Plan{}
+                                       : staged_plan(x_rows.H, sizeof(scalar_t), 2, !dx_vec_ok, dynamic_smem_limit());
+    const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
+    at::Tensor partials;  // O(M) at most: one [4] entry per block
+    int64_t blocks = 0;
+    unsigned int* arrivals = arrival_counter(stream);
+    const auto param_grads = [&] {
+      return ParamGrads<acc_t>{partials.mutable_data_ptr<acc_t>(), arrivals, grad_weight.mutable_data_ptr<acc_t>(),
+                               grad_bias.mutable_data_ptr<acc_t>()};
+    };
+    if (row.ok) {
+      const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
+      const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
+                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+      const size_t smem = (x_vec_ok && g_vec_ok) ? 0 : row_edge_smem(row, kPacks, 2);
+      blocks = row_grid(kernel, row, smem, x_rows.M);
+      partials = at::empty({blocks, 4}, acc_like.options());
+      kernel<<<static_cast<unsigned>(blocks), row.threads, smem, stream>>>(
+          g_ptr, g_rows.row_stride, !g_vec_ok, x_ptr, x_rows.row_stride, !x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
+          param_ref(weight), dx_ptr, !dx_vec_ok, param_grads(), mul, x_rows.M, x_rows.H, row.G);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else if (plan.staged) {
+      const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
+      blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);
+      partials = at::empty({blocks, 4}, acc_like.options());
+      poly_norm_bwd_kernel<scalar_t><<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
+          g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
+          dx_ptr, param_grads(), x_rows.M, x_rows.H, plan.geo);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      const dim3 block = tiled_block_shape(x_rows.H, kVec, kBwdPacks);
+      blocks = (x_rows.M + block.y - 1) / block.y;
+      partials = at::empty({blocks, 4}, acc_like.options());
+      poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
+          g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
+          param_ref(weight), dx_ptr, dx_vec_ok, param_grads(), mul, x_rows.M, x_rows.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace polynorm
