@@ -2,8 +2,12 @@
 // checks that all backends share.
 #include "polynorm.h"
 
+#include "launch_plan.h"
+
+#include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -161,9 +165,51 @@ void check_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, co
   check_rstd(op, x, rstd);
 }
 
+namespace {
+
+std::atomic<int> g_forced_kernel{static_cast<int>(KernelKind::kAuto)};
+
+KernelKind kernel_kind(const std::string& name) {
+  if (name == "auto") return KernelKind::kAuto;
+  if (name == "row") return KernelKind::kRow;
+  if (name == "staged") return KernelKind::kStaged;
+  if (name == "tiled") return KernelKind::kTiled;
+  TORCH_CHECK_VALUE(false, "polynorm._force_kernel: expected kind to be one of auto, row, staged, tiled, got '", name,
+                    "'");
+}
+
+// Bench and test hook: every later CUDA launch takes this kernel family where it can serve
+// the row (launch_plan.h). Process-wide; "auto" restores the table's choice.
+void force_kernel(const std::string& kind) { g_forced_kernel.store(static_cast<int>(kernel_kind(kind))); }
+
+// The plan a CUDA launch would take: "row G=... threads=... packs=...", "staged ..." or
+// "tiled ...". Computed on the host (no GPU needed); smem_limit is the dynamic shared memory
+// a block may use (the H200's default).
+std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtype, bool out_misaligned,
+                           int64_t smem_limit) {
+  TORCH_CHECK_VALUE(op == "forward" || op == "backward" || op == "mul_forward" || op == "mul_backward",
+                    "polynorm._launch_plan: expected op to be forward, backward, mul_forward or mul_backward, got '",
+                    op, "'");
+  TORCH_CHECK_VALUE(H >= 1, "polynorm._launch_plan: expected H >= 1, got ", num(H));
+  TORCH_CHECK_VALUE(is_supported_float(dtype), "polynorm._launch_plan: expected a float dtype, got ", dtype);
+  const bool backward = op == "backward" || op == "mul_backward";
+  const bool mul = op.rfind("mul_", 0) == 0;
+  return describe(plan_launch(backward, mul, H, static_cast<int>(c10::elementSize(dtype)), out_misaligned, smem_limit,
+                              forced_kernel()));
+}
+
+}  // namespace
+
+KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
+
 }  // namespace polynorm
 
 TORCH_LIBRARY(polynorm, m) {
+  // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
+  m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
+  // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays.
+  m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872) -> str",
+        &polynorm::launch_plan_op);
   // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
   m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
   // grad_weight (3,) and grad_bias (1,) are accumulated and returned in fp32 (fp64 for fp64 x), the

@@ -22,6 +22,7 @@
 // bench/NOTES.md records each version's prediction and measured outcome.
 #pragma once
 
+#include "launch_plan.h"
 #include "polynorm.h"
 
 #include <ATen/Dispatch.h>
@@ -44,16 +45,8 @@
 namespace polynorm {
 namespace {
 
-constexpr int kBlockThreads = 256;  // threads of a block when G <= 256: R = 256 / G rows per block
-constexpr int kMaxGroup = 1024;     // largest row group: one block per row
-
-// Packs each thread keeps in registers: 4 for forward (x), 2 each of x and grad_y
-// for backward. With 1024-thread groups the register cap is 64 per thread, and
-// `nvcc -Xptxas -v` shows these counts fit it without spills for fp16/bf16 (8 packs
-// spilled hundreds of bytes). Rows up to kMaxGroup * packs * VEC elements (bf16:
-// 32768 forward, 16384 backward) are read from device memory once.
-constexpr int kFwdPacks = 4;
-constexpr int kBwdPacks = 2;
+// Launch geometry (threads, packs per thread, stage sizes) and the choice of kernel family:
+// launch_plan.h.
 
 // A pack is 16 bytes of one row, kept as four raw 32-bit words. Elements are
 // converted to opmath when used, not when loaded: the registers hold the row in its
@@ -748,12 +741,6 @@ __device__ __forceinline__ void stage_pack(Pack* staged, int shift, int64_t p, i
 }
 
 // Launch geometry of the staged kernels (host side computes it from H and dtype).
-struct StagedGeometry {
-  int rows;        // R rows per stage, one group of G = blockDim.x / R threads each
-  int pitch;       // 16-byte chunks per staged row: packs + 1 (room for a misaligned start)
-  int buffers;     // 1..3: stages in flight + 1; 1: the next stage loads after this one is done
-  bool out_staged; // the output rows are misaligned or H * size is not a multiple of 16
-};
 
 // Forward, staged. blockDim.x = R * G; a persistent grid walks the stages.
 template <typename scalar_t>
@@ -1026,10 +1013,6 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
 //   The packs, and so the arithmetic and the bits, are the same as for aligned rows.
 // ----------------------------------------------------------------------------------
 
-constexpr int kRowFwdPacks = 8;    // 128 bytes of x per thread
-constexpr int kRowBwdPacks = 4;    // 64 bytes each of x and grad_y per thread
-constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
-constexpr int kRowMaxThreads = 1024;
 // Blocks of the <= 256-thread builds that must fit an SM at once: 3 caps them at 80
 // registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
 #ifndef POLYNORM_ROW_MIN_BLOCKS
@@ -1460,54 +1443,6 @@ ParamRef param_ref(const at::Tensor& t) {
   return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
 }
 
-// Register kernels (rows too long for a shared-memory stage): the smallest power-of-two
-// group G that covers the row's packs with at most kPacks packs per thread (up to
-// kMaxGroup; longer rows are tiled). R = 256 / G rows share a block.
-dim3 tiled_block_shape(int64_t H, int vec, int packs_per_thread) {
-  const int64_t packs = (H + vec - 1) / vec;
-  int G = 1;
-  while (G < kMaxGroup && int64_t(G) * packs_per_thread < packs) G *= 2;
-  return dim3(G, G >= kBlockThreads ? 1 : kBlockThreads / G);
-}
-
-// Staged kernels. Every choice comes from H, the dtype and the device's shared-memory
-// limit, never from M, so a row's bits do not depend on its batch.
-// - R rows per stage: the most (a power of two, <= 256) whose inputs stay within
-//   kStageBytes (32 KB). Three buffers: two stages of copies in flight per block while
-//   the third is computed; two such blocks fit an SM, ~128 KB of loads in flight. (v2
-//   with two 20 KB buffers kept ~60 KB in flight and ran 1.3-2x over the floor.)
-// - 256 threads, G = 256 / R per row; a one-row stage of 16 KB or more gets 512
-//   threads, so that the arithmetic of a long row is spread over more warps.
-// - Fewer buffers when three do not fit the limit (one: the next stage's copies start
-//   after this stage is done); a row that does not fit even once goes to the register
-//   kernels.
-constexpr int64_t kStageBytes = 32 * 1024;
-
-struct Plan {
-  bool staged;
-  int threads;
-  size_t smem;
-  StagedGeometry geo;
-};
-
-Plan staged_plan(int64_t H, int elem_size, int inputs, bool out_staged, int64_t smem_limit) {
-  const int64_t packs = (H * elem_size + 15) / 16;
-  const int64_t pitch = packs + 1;
-  const int64_t row_bytes = pitch * 16 * inputs;
-  int R = 1;
-  while (R < 256 && 2 * R * row_bytes <= kStageBytes) R *= 2;
-  const int threads = (R == 1 && row_bytes >= 16 * 1024) ? 512 : 256;
-  const int64_t out_bytes = out_staged ? R * pitch * 16 : 0;
-  for (int buffers = 3; buffers >= 1; --buffers) {
-    const int64_t smem = buffers * R * row_bytes + out_bytes;
-    if (smem <= smem_limit && pitch < (int64_t(1) << 30)) {
-      return {true, threads, static_cast<size_t>(smem),
-              StagedGeometry{R, static_cast<int>(pitch), buffers, out_staged}};
-    }
-  }
-  return {false, 0, 0, StagedGeometry{}};
-}
-
 // Dynamic shared memory a block may use, less what the kernels declare statically.
 int64_t dynamic_smem_limit() {
   int device = 0, optin = 0;
@@ -1516,9 +1451,19 @@ int64_t dynamic_smem_limit() {
   return int64_t(optin) - 24 * 1024;  // room for the static reduction arrays (<= 16.3 KB)
 }
 
+// launch_plan.h's choice for this launch. The shared-memory limit (a device query) is
+// looked up only when a staged kernel may be chosen: rows too long for the row kernels,
+// or a forced staged kernel.
+LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
+  const KernelKind forced = forced_kernel();
+  const int packs = backward ? (mul ? kRowMulBwdPacks : kRowBwdPacks) : (mul ? kRowMulFwdPacks : kRowFwdPacks);
+  const bool staged_possible = !mul && (forced == KernelKind::kStaged || !row_plan(H, elem_size, packs).ok);
+  return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced);
+}
+
 // Persistent grid: as many blocks as fit on the device at once, at most one per stage.
 template <typename Kernel>
-int64_t persistent_grid(Kernel kernel, const Plan& plan, int64_t stages) {
+int64_t persistent_grid(Kernel kernel, const StagedPlan& plan, int64_t stages) {
   // Always raise the dynamic limit: the 48 KB default counts the static arrays too, so a
   // dynamic size just under 48 KB can still fail to launch (seen: fp64, H = 3, 49152 B).
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
@@ -1529,27 +1474,10 @@ int64_t persistent_grid(Kernel kernel, const Plan& plan, int64_t stages) {
   return std::max<int64_t>(1, std::min<int64_t>(stages, int64_t(sms) * std::max(per_sm, 1)));
 }
 
-// Row kernels: G = the smallest power of two with G * kPacks >= the row's packs, so a
-// row is read once and held in registers; up to 1024 threads a row (bf16: H <= 65536
-// forward, 32768 backward). Blocks of max(G, 128) threads: 128-thread blocks keep up to
-// 16 blocks an SM resident when rows are short. The persistent grid is as many blocks
-// as fit at once (their register use caps it, ~64 a thread under the 1024-thread
-// bound), each walking rows gridDim apart. Only H and the dtype choose G, the tree of
-// the reduction; M only sets the grid, which no row's bits depend on.
-struct RowPlan {
-  bool ok;
-  int G;
-  int threads;
-};
-
-RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
-  const int64_t packs = (H * elem_size + 15) / 16;
-  int64_t G = 1;
-  while (G * packs_per_thread < packs) G *= 2;
-  if (G > kRowMaxThreads) return {false, 0, 0};
-  return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
-}
-
+// Row kernels (G and the block size: row_plan in launch_plan.h). The persistent grid is
+// as many blocks as fit at once (their register use caps it, ~64 a thread under the
+// 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
+// tree of the reduction; M only sets the grid, which no row's bits depend on.
 // Shared memory for the edge slots of misaligned rows: kPacks per warp segment and tensor.
 size_t row_edge_smem(const RowPlan& plan, int packs_per_thread, int realigned_inputs) {
   const int W = std::min(plan.G, 32);
@@ -1637,12 +1565,6 @@ unsigned int* arrival_counter(cudaStream_t stream) {
   return slot;
 }
 
-// Packs a thread keeps per tensor in the fused op's row kernels: forward holds x and mul
-// (as backward holds x and grad_y), backward x, grad_out and mul. Longer rows take the
-// tiled kernels (the staged ones have no fused multiply).
-constexpr int kRowMulFwdPacks = kRowBwdPacks;
-constexpr int kRowMulBwdPacks = 2;
-
 // One launch of the forward (kMul = false: polynorm::forward; true: mul_forward, with
 // `mul` read like x). Fills out [M, H] and rstd [M, 3]; argument checks are the caller's.
 template <bool kMul>
@@ -1653,7 +1575,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "polynorm.forward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     constexpr int kVec = PackOf<scalar_t>::kVec;
-    constexpr int kPacks = kMul ? kRowMulFwdPacks : kRowFwdPacks;
+    constexpr int kPacks = kMul ? kRowMulFwdPacks : kRowFwdPacks;  // = lp.packs
     const scalar_t* x_ptr = rows.tensor.const_data_ptr<scalar_t>();
     scalar_t* y_ptr = out.mutable_data_ptr<scalar_t>();
     const bool y_vec_ok = aligned16(y_ptr) && rows.H % kVec == 0;
@@ -1664,8 +1586,9 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       mul.row_stride = mul_rows->row_stride;
       mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
     }
-    const RowPlan row = row_plan(rows.H, sizeof(scalar_t), kPacks);
-    if (row.ok) {
+    const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
+    const RowPlan& row = lp.row;
+    if (lp.kind == KernelKind::kRow) {
       const bool realign = !x_vec_ok || !y_vec_ok;
       const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
                                      poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
@@ -1679,8 +1602,8 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       return;
     }
-    const Plan plan = kMul ? Plan{} : staged_plan(rows.H, sizeof(scalar_t), 1, !y_vec_ok, dynamic_smem_limit());
-    if (plan.staged) {
+    const StagedPlan& plan = lp.staged;
+    if (lp.kind == KernelKind::kStaged) {
       const int64_t stages = (rows.M + plan.geo.rows - 1) / plan.geo.rows;
       const int64_t grid = persistent_grid(poly_norm_fwd_kernel<scalar_t>, plan, stages);
       poly_norm_fwd_kernel<scalar_t><<<static_cast<unsigned>(grid), plan.threads, plan.smem, stream>>>(
@@ -1688,7 +1611,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
           rows.M, rows.H, eps, plan.geo);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      const dim3 block = tiled_block_shape(rows.H, kVec, kFwdPacks);
+      const dim3 block(lp.tiled.G, lp.tiled.rows);
       const int64_t grid = (rows.M + block.y - 1) / block.y;
       poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
           x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
@@ -1715,7 +1638,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_x.scalar_type(), "polynorm.backward", [&] {
     using acc_t = at::opmath_type<scalar_t>;
     constexpr int kVec = PackOf<scalar_t>::kVec;
-    constexpr int kPacks = kMul ? kRowMulBwdPacks : kRowBwdPacks;
+    constexpr int kPacks = kMul ? kRowMulBwdPacks : kRowBwdPacks;  // = lp.packs
     const scalar_t* g_ptr = g_rows.tensor.const_data_ptr<scalar_t>();
     const scalar_t* x_ptr = x_rows.tensor.const_data_ptr<scalar_t>();
     scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
@@ -1731,9 +1654,9 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       mul.grad_vec_ok = aligned16(mul.grad_mul) && x_rows.H % kVec == 0;
       mul.bias = param_ref(*bias);
     }
-    const RowPlan row = row_plan(x_rows.H, sizeof(scalar_t), kPacks);
-    const Plan plan = (row.ok || kMul) ? Plan{}
-                                       : staged_plan(x_rows.H, sizeof(scalar_t), 2, !dx_vec_ok, dynamic_smem_limit());
+    const LaunchPlan lp = plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok);
+    const RowPlan& row = lp.row;
+    const StagedPlan& plan = lp.staged;
     const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
     at::Tensor partials;  // O(M) at most: one [4] entry per block
     int64_t blocks = 0;
@@ -1742,7 +1665,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       return ParamGrads<acc_t>{partials.mutable_data_ptr<acc_t>(), arrivals, grad_weight.mutable_data_ptr<acc_t>(),
                                grad_bias.mutable_data_ptr<acc_t>()};
     };
-    if (row.ok) {
+    if (lp.kind == KernelKind::kRow) {
       const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
       const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
                                      poly_norm_bwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
@@ -1755,7 +1678,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
           g_ptr, g_rows.row_stride, !g_vec_ok, x_ptr, x_rows.row_stride, !x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
           param_ref(weight), dx_ptr, !dx_vec_ok, param_grads(), mul, x_rows.M, x_rows.H, row.G);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
-    } else if (plan.staged) {
+    } else if (lp.kind == KernelKind::kStaged) {
       const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
       blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);
       partials = at::empty({blocks, 4}, acc_like.options());
@@ -1764,7 +1687,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
           dx_ptr, param_grads(), x_rows.M, x_rows.H, plan.geo);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
-      const dim3 block = tiled_block_shape(x_rows.H, kVec, kBwdPacks);
+      const dim3 block(lp.tiled.G, lp.tiled.rows);
       blocks = (x_rows.M + block.y - 1) / block.y;
       partials = at::empty({blocks, 4}, acc_like.options());
       poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(

@@ -1,0 +1,172 @@
+// Which CUDA kernel serves a PolyNorm row, and with what geometry: host code only, so that
+// the choice is a value that the CPU machine can compute and test
+// (torch.ops.polynorm._launch_plan) and that a benchmark can force (_force_kernel).
+//
+// The table (bf16/fp16 figures; fp32 rows hold half as many elements, fp64 a quarter):
+//
+//   direction          | rows up to (bf16)   | kernel | why
+//   -------------------+---------------------+--------+----------------------------------------
+//   forward            | H <= 65536          | row    | the row in registers (8 packs of x a
+//                      |                     |        | thread, G <= 1024): read once, one
+//                      |                     |        | reduction, no barrier but its own
+//   forward            | longer, stage fits  | staged | cp.async stages in shared memory
+//   forward            | longer still        | tiled  | the row walked twice (2nd pass in L2)
+//   backward           | H <= 32768          | row    | x and grad_y in registers (4 packs each)
+//   backward           | longer, stage fits  | staged | as forward
+//   backward           | longer still        | tiled  | as forward
+//   mul_forward        | H <= 32768          | row    | x and mul (4 packs each)
+//   mul_forward        | longer              | tiled  | (no staged build of the fused op)
+//   mul_backward       | H <= 16384          | row    | x, grad_out and mul (2 packs each)
+//   mul_backward       | longer              | tiled  |
+//
+// Every choice depends on H, the dtype and the device's shared-memory limit, never on M,
+// so a row's bits do not depend on the batch it comes in. Misaligned rows (odd H, a view
+// that starts off a 16-byte boundary) take the same kernel in its realigning build.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace polynorm {
+
+// Row kernels: a row held in registers by G threads (a power of two), kPacks 16-byte
+// packs per thread and tensor.
+constexpr int kRowFwdPacks = 8;      // 128 bytes of x per thread
+constexpr int kRowBwdPacks = 4;      // 64 bytes each of x and grad_y per thread
+constexpr int kRowMulFwdPacks = 4;   // x and mul
+constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
+constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
+constexpr int kRowMaxThreads = 1024;
+
+// Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and
+// kFwdPacks (kBwdPacks) packs per thread and tensor in registers per tile. With
+// 1024-thread groups the register cap is 64 a thread, which these counts fit.
+constexpr int kBlockThreads = 256;
+constexpr int kMaxGroup = 1024;
+constexpr int kFwdPacks = 4;
+constexpr int kBwdPacks = 2;
+
+// Staged kernels: R rows a stage whose inputs stay within kStageBytes (32 KB), three
+// buffers when they fit (two stages of copies in flight while the third is computed).
+constexpr int64_t kStageBytes = 32 * 1024;
+
+enum class KernelKind { kAuto, kRow, kStaged, kTiled };
+
+struct RowPlan {
+  bool ok;
+  int G;        // threads a row
+  int threads;  // threads a block: max(G, kRowMinThreads)
+};
+
+struct StagedGeometry {
+  int rows;         // R rows per stage, one group of G = blockDim.x / R threads each
+  int pitch;        // 16-byte chunks per staged row: packs + 1 (room for a misaligned start)
+  int buffers;      // 1..3: stages in flight + 1; 1: the next stage loads after this one is done
+  bool out_staged;  // the output rows are misaligned or H * size is not a multiple of 16
+};
+
+struct StagedPlan {
+  bool ok;
+  int threads;
+  size_t smem;
+  StagedGeometry geo;
+};
+
+struct TiledPlan {
+  int G;     // threads a row (blockDim.x)
+  int rows;  // rows a block (blockDim.y)
+};
+
+struct LaunchPlan {
+  KernelKind kind;  // kRow, kStaged or kTiled
+  int packs;        // row kernels: packs per thread and tensor
+  RowPlan row;
+  StagedPlan staged;
+  TiledPlan tiled;
+};
+
+// G = the smallest power of two with G * packs_per_thread >= the row's packs, so the row is
+// read once; blocks of max(G, 128) threads (128-thread blocks keep up to 16 blocks an SM
+// resident when rows are short). Not ok past kRowMaxThreads threads a row.
+inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  int64_t G = 1;
+  while (G * packs_per_thread < packs) G *= 2;
+  if (G > kRowMaxThreads) return {false, 0, 0};
+  return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
+}
+
+// R rows per stage: the most (a power of two, <= 256) whose inputs stay within
+// kStageBytes. 256 threads, G = 256 / R a row; a one-row stage of 16 KB or more gets 512
+// threads, so that the arithmetic of a long row is spread over more warps. Fewer buffers
+// when three do not fit the limit; not ok when even one does not.
+inline StagedPlan staged_plan(int64_t H, int elem_size, int inputs, bool out_staged, int64_t smem_limit) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  const int64_t pitch = packs + 1;
+  const int64_t row_bytes = pitch * 16 * inputs;
+  int R = 1;
+  while (R < 256 && 2 * R * row_bytes <= kStageBytes) R *= 2;
+  const int threads = (R == 1 && row_bytes >= 16 * 1024) ? 512 : 256;
+  const int64_t out_bytes = out_staged ? R * pitch * 16 : 0;
+  for (int buffers = 3; buffers >= 1; --buffers) {
+    const int64_t smem = buffers * R * row_bytes + out_bytes;
+    if (smem <= smem_limit && pitch < (int64_t(1) << 30)) {
+      return {true, threads, static_cast<size_t>(smem),
+              StagedGeometry{R, static_cast<int>(pitch), buffers, out_staged}};
+    }
+  }
+  return {false, 0, 0, StagedGeometry{}};
+}
+
+// The smallest power-of-two G that covers the row's packs with packs_per_thread packs per
+// thread, up to kMaxGroup (longer rows are walked tile by tile); kBlockThreads / G rows a block.
+inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
+  const int64_t packs = (H * elem_size + 15) / 16;
+  int G = 1;
+  while (G < kMaxGroup && int64_t(G) * packs_per_thread < packs) G *= 2;
+  return {G, G >= kBlockThreads ? 1 : kBlockThreads / G};
+}
+
+// The table above. `out_misaligned`: the output rows are not whole aligned packs (the staged
+// kernels then stage the output too); `smem_limit`: dynamic shared memory a block may use.
+// `forced` (a benchmark's or a test's choice, _force_kernel) picks another family when
+// that family can serve the row; otherwise the table's choice stands.
+inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned,
+                              int64_t smem_limit, KernelKind forced = KernelKind::kAuto) {
+  LaunchPlan plan{};
+  plan.packs = backward ? (mul ? kRowMulBwdPacks : kRowBwdPacks) : (mul ? kRowMulFwdPacks : kRowFwdPacks);
+  plan.row = row_plan(H, elem_size, plan.packs);
+  plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
+  plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
+  if (forced == KernelKind::kRow && plan.row.ok) {
+    plan.kind = KernelKind::kRow;
+  } else if (forced == KernelKind::kStaged && plan.staged.ok) {
+    plan.kind = KernelKind::kStaged;
+  } else if (forced == KernelKind::kTiled) {
+    plan.kind = KernelKind::kTiled;
+  } else {
+    plan.kind = plan.row.ok ? KernelKind::kRow : plan.staged.ok ? KernelKind::kStaged : KernelKind::kTiled;
+  }
+  return plan;
+}
+
+inline std::string describe(const LaunchPlan& p) {
+  switch (p.kind) {
+    case KernelKind::kRow:
+      return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
+             " packs=" + std::to_string(p.packs);
+    case KernelKind::kStaged:
+      return "staged R=" + std::to_string(p.staged.geo.rows) + " threads=" + std::to_string(p.staged.threads) +
+             " buffers=" + std::to_string(p.staged.geo.buffers) + " smem=" + std::to_string(p.staged.smem);
+    default:
+      return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
+  }
+}
+
+// The kernel family a benchmark or test forces on every CUDA launch (kAuto: the table's
+// choice). Set through torch.ops.polynorm._force_kernel; defined in polynorm.cpp.
+KernelKind forced_kernel();
+
+}  // namespace polynorm
