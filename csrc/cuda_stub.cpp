@@ -25,11 +25,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_not_built(const at::Tens
   not_built("polynorm.backward");
 }
 
+std::tuple<at::Tensor, at::Tensor> mul_forward_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                         const at::Tensor&, double) {
+  not_built("polynorm.mul_forward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mul_backward_not_built(const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&,
+                                                                                  const at::Tensor&) {
+  not_built("polynorm.mul_backward");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("forward", &forward_not_built);
   m.impl("backward", &backward_not_built);
+  m.impl("mul_forward", &mul_forward_not_built);
+  m.impl("mul_backward", &mul_backward_not_built);
 }
 
 }  // namespace polynorm

@@ -6,21 +6,24 @@ Large Language Models", arXiv:2411.03884)::
     y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b
     norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
 
+The gated MLP's fused PolyNorm x mul, ``out = poly_norm(x) * mul``, is
+:func:`poly_norm_mul` and :class:`FusedMulPolyNorm`.
+
 Importing this package loads the compiled library, which registers
-``torch.ops.polynorm.forward`` and ``torch.ops.polynorm.backward``.
+``torch.ops.polynorm.forward`` and ``backward``, and ``mul_forward`` and ``mul_backward``.
 """
 
 import torch
 
 from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm import reference
-from polynorm.module import PolyNorm
-from polynorm.ops import BACKENDS, poly_norm
+from polynorm.module import FusedMulPolyNorm, PolyNorm
+from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
 
     _sharding.register()
 
-__all__ = ["BACKENDS", "PolyNorm", "poly_norm", "reference"]
+__all__ = ["BACKENDS", "FusedMulPolyNorm", "PolyNorm", "poly_norm", "poly_norm_mul", "reference"]
 __version__ = "0.1.0"

@@ -184,12 +184,15 @@ def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd
     _check_same_device(op, x, grad_y=grad_y, weight=weight, rstd=rstd)
 
 
-def _check_like_x(op: str, name: str, other: Tensor, x: Tensor) -> None:
-    """``other`` (mul, grad_out) has x's shape, dtype and device."""
+def _check_like_x(op: str, name: str, other: Tensor, x: Tensor, *, traced: bool = False) -> None:
+    """``other`` (mul, grad_out) has x's shape, dtype and device (``traced``: as in
+    :func:`check_forward_args`)."""
     if not isinstance(other, Tensor):
         raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(other).__name__}")
-    torch._check(
-        other.shape == x.shape, lambda: f"{op}: expected {name} to have x's shape {list(x.shape)}, got {list(other.shape)}"
+    _require(
+        other.shape == x.shape,
+        lambda: f"{op}: expected {name} to have x's shape {list(x.shape)}, got {list(other.shape)}",
+        traced,
     )
     if other.dtype != x.dtype:
         raise RuntimeError(f"{op}: expected {name} to have x's dtype {x.dtype}, got {other.dtype}")
@@ -204,7 +207,7 @@ def check_mul_forward_args(op: str, x: Tensor, mul: Tensor, weight: Tensor, bias
         eps as a Python float (see :func:`check_eps`).
     """
     eps = check_forward_args(op, x, weight, bias, eps, traced=traced)
-    _check_like_x(op, "mul", mul, x)
+    _check_like_x(op, "mul", mul, x, traced=traced)
     return eps
 
 

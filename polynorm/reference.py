@@ -137,4 +137,8 @@ def _poly_norm_mul(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, *,
     # poly_norm_mul without the argument checks.
     dtype = _compute_dtype(x, compute_dtype)
     y = _poly_norm(x, weight, bias, eps, compute_dtype=compute_dtype, out_dtype=dtype)
-    return (y * mul.to(dtype)).to(x.dtype, memory_format=torch.contiguous_format).contiguous()
+    # The product's backward saves mul: one made under torch.inference_mode() cannot be
+    # saved, so it is copied (the copy a dtype change makes anyway). Dynamo cannot trace
+    # is_inference(); a compiled graph copies nothing.
+    copy = not torch.compiler.is_compiling() and mul.is_inference()
+    return (y * mul.to(dtype, copy=copy)).to(x.dtype, memory_format=torch.contiguous_format).contiguous()

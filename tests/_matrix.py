@@ -198,3 +198,104 @@ def check_against_oracle(out: Grads, x, g, w, b, eps, what: str = ""):
         u_out = torch.finfo(getattr(out, name).dtype).eps / 2
         tol = (1e-5 + u_out) * exp.abs() + 16 * u * sc * math.log2(max(2, x.numel()))
         assert torch.all((got - exp).abs() <= tol), f"{what} {name}: got {got.tolist()}, expected {exp.tolist()}"
+
+
+# ---------------------------------------------------------------------------------------
+# The fused PolyNorm x mul, out = poly_norm(x) * mul: the same oracle and tolerances
+# ---------------------------------------------------------------------------------------
+# The oracle is polynorm.reference.poly_norm_mul in float64, differentiated by autograd. The
+# output-rounding floor of out, dx and dmul is that of the fp32 reference, which forms y and
+# y * mul in fp32 and rounds each result once to x's dtype.
+
+
+@dataclass
+class MulGrads:
+    out: torch.Tensor
+    dx: torch.Tensor
+    dmul: torch.Tensor
+    dw: torch.Tensor
+    db: torch.Tensor
+
+
+def _leaf(t: torch.Tensor) -> torch.Tensor:
+    """A leaf that requires grad and keeps t's layout: expanded (stride-0) rows included,
+    which cannot be copied into, so the leaf is then t's own detached view."""
+    if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
+        return t.detach().requires_grad_(True)
+    return t.detach().clone().requires_grad_(True) if t.is_contiguous() else _same_layout_leaf(t)
+
+
+def autograd_reference_mul(x, mul, g, w, b, eps, compute_dtype) -> MulGrads:
+    """out, dx, dmul, dw, db from polynorm.reference.poly_norm_mul and autograd (float64:
+    the oracle, as :func:`autograd_reference`)."""
+    if compute_dtype == torch.float64:
+        x, mul, g, w, b = (t.double() for t in (x, mul, g, w, b))
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, mul, w, b)]
+    out = reference.poly_norm_mul(*leaves, eps, compute_dtype=compute_dtype)
+    return MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
+
+
+def run_backend_mul(backend: str, x, mul, g, w, b, eps, fn=None) -> MulGrads:
+    """out, dx, dmul, dw, db through the public API (autograd included), x and mul in their
+    own layouts; ``fn(x, mul, weight, bias, eps)`` replaces ``polynorm.poly_norm_mul``."""
+    leaves = [_leaf(x), _leaf(mul), w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)]
+    if fn is None:
+        out = polynorm.poly_norm_mul(*leaves, eps, backend=backend)
+    else:
+        out = fn(*leaves, eps)
+    return MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
+
+
+def closed_form_mul(x, mul, g, w, b, eps):
+    """:func:`closed_form` for out = y * mul: PolyNorm's with the gradient g * mul, plus
+    out = y * mul and dmul = g * y, and the scales (sums of the terms' magnitudes)."""
+    x2 = x.double().reshape(-1, x.shape[-1])
+    m = mul.double().reshape_as(x2)
+    g2 = g.double().reshape_as(x2)
+    exact, scale = closed_form(x2, g2 * m, w, b, eps)
+    return (
+        MulGrads(exact.y * m, exact.dx, g2 * exact.y, exact.dw, exact.db),
+        MulGrads(scale.y * m.abs(), scale.dx, g2.abs() * scale.y, scale.dw, scale.db),
+    )
+
+
+def oracle_mul(x, mul, g, w, b, eps):
+    """The float64 oracle, the fp32 reference and the terms' scales for out = y * mul."""
+    oracle = autograd_reference_mul(x, mul, g, w, b, eps, torch.float64)
+    ref32 = autograd_reference_mul(x, mul, g, w, b, eps, torch.float32)
+    return oracle, ref32, closed_form_mul(x, mul, g, w, b, eps)[1]
+
+
+def floor_errors_mul(got: MulGrads, x, mul, g, w, b, eps, oracle=None) -> dict:
+    """For out, dx and dmul: (relative L2 error against the float64 oracle, its bound, the
+    floor). The floor is the error of the fp32 reference, rounded once to x's dtype; the
+    bound is 1.05x the floor plus 16 units of accumulation roundoff times the terms' scale,
+    as in :func:`check_against_oracle`. ``oracle``: :func:`oracle_mul`'s result, if at hand."""
+    oracle, ref32, scale = oracle or oracle_mul(x, mul, g, w, b, eps)
+    u = compute_eps(x.dtype)
+    errors = {}
+    for name in ("out", "dx", "dmul"):
+        exp = getattr(oracle, name)
+        floor = rel_l2(getattr(ref32, name), exp)
+        slack = 16 * u * getattr(scale, name).norm().item() / max(exp.double().norm().item(), 1e-300)
+        errors[name] = (rel_l2(getattr(got, name), exp), 1.05 * floor + slack, floor)
+    return errors
+
+
+def check_against_oracle_mul(out: MulGrads, x, mul, g, w, b, eps, what: str = ""):
+    """:func:`check_against_oracle` for the fused op: out, dx and dmul in x's shape and dtype
+    within :func:`floor_errors_mul`'s bound; dw and db as there."""
+    oracle, ref32, scale = computed = oracle_mul(x, mul, g, w, b, eps)
+    for name, (err, bound, floor) in floor_errors_mul(out, x, mul, g, w, b, eps, computed).items():
+        got = getattr(out, name)
+        assert got.shape == x.shape and got.dtype == x.dtype, (what, name, got.shape, got.dtype)
+        assert torch.isfinite(got).all(), f"{what} {name}: non-finite values"
+        assert err <= bound, f"{what} {name}: rel L2 error {err:.3e} > bound {bound:.3e} (fp32 reference {floor:.3e})"
+    # dw and db (4 values): within 1e-5 relative plus one rounding to each parameter's own
+    # dtype, plus 16 units of accumulation roundoff times the scale, times log2 of the count.
+    got = torch.cat([out.dw.double().reshape(-1), out.db.double().reshape(-1)]).cpu()
+    exp = torch.cat([oracle.dw.reshape(-1), oracle.db.reshape(-1)]).double().cpu()
+    sc = torch.cat([scale.dw.reshape(-1), scale.db.reshape(-1)]).double().cpu()
+    u_out = torch.tensor([torch.finfo(out.dw.dtype).eps / 2] * 3 + [torch.finfo(out.db.dtype).eps / 2], dtype=torch.float64)
+    tol = (1e-5 + u_out) * exp.abs() + 16 * compute_eps(x.dtype) * sc * math.log2(max(2, x.numel()))
+    assert torch.all((got - exp).abs() <= tol), f"{what} [dw, db]: got {got.tolist()}, expected {exp.tolist()}"

@@ -736,3 +736,164 @@ def test_triton_opcheck_aot_dispatch_interpreter():
         torch.library.opcheck(
             torch.ops.polynorm.backward_triton.default, (g, x, w, rstd), test_utils="test_aot_dispatch_dynamic"
         )
+
+
+# ---------------------------------------------------------------------------------------
+# The fused PolyNorm x mul (issue 15): torch.compile, eps forms, dynamic shapes, export
+# ---------------------------------------------------------------------------------------
+MUL_GRAPH_OPS = {
+    "auto": "polynorm.mul_forward.default",
+    "cuda": "polynorm.mul_forward.default",
+    "triton": "polynorm.mul_forward_triton.default",
+}
+
+
+class GatedBlock(nn.Module):
+    """Motif's gated MLP, down(PolyNorm(gate(x)) * up(x)), through FusedMulPolyNorm."""
+
+    def __init__(self, backend: str, device, gen: torch.Generator) -> None:
+        super().__init__()
+        self.gate = nn.Linear(H_IN, H, device=device)
+        self.up = nn.Linear(H_IN, H, device=device)
+        self.act = polynorm.FusedMulPolyNorm(backend=backend, device=device)
+        self.down = nn.Linear(H, H_IN, device=device)
+        with torch.no_grad():
+            for linear in (self.gate, self.up, self.down):
+                for p in linear.parameters():
+                    p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(linear.in_features))
+            w, b = make_params(torch.float32, device, gen)
+            self.act.weight.copy_(w)
+            self.act.bias.copy_(b)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(self.act(self.gate(x), self.up(x)))
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_fused_mul_matches_eager(device, backend):
+    # FusedMulPolyNorm alone, bf16 x and mul (4-D, strided rows) with fp32 parameters: one
+    # graph, the same kernel as eager (out bitwise), gradients within tolerance and against
+    # the float64 oracle.
+    from _matrix import MulGrads, check_against_oracle_mul
+
+    gen = _gen("compile_mul", device, backend)
+    x, mul, g = (make_rows(3, H, torch.bfloat16, device, "4d", gen) for _ in range(3))  # (2, 3, 2, H)
+    w, b = make_params(torch.float32, device, gen)
+    module = polynorm.FusedMulPolyNorm(backend=backend, device=device)
+    module.load_state_dict({"weight": w, "bias": b})
+    counter = torch._dynamo.testing.CompileCounterWithBackend("inductor")
+    compiled = torch.compile(module, backend=counter, fullgraph=True)
+
+    def run(fn):
+        x_, mul_ = x.detach().clone().requires_grad_(True), mul.detach().clone().requires_grad_(True)
+        out = fn(x_, mul_)
+        return MulGrads(out.detach().clone(), *torch.autograd.grad(out, (x_, mul_, module.weight, module.bias), g))
+
+    eager, comp = run(module), run(compiled)
+    assert counter.frame_count == 1
+    if backend == "reference":
+        torch.testing.assert_close(comp.out, eager.out)  # Inductor fuses the reference's fp32 ops
+    else:
+        assert torch.equal(comp.out, eager.out)
+    for name in ("dx", "dmul", "dw", "db"):
+        got, exp = getattr(comp, name), getattr(eager, name)
+        assert got.dtype == exp.dtype, name
+        torch.testing.assert_close(got, exp, msg=lambda m: f"{name}: {m}")
+    if backend != "reference":
+        check_against_oracle_mul(comp, x, mul, g, w, b, module.eps, what=f"compiled {device} {backend}")
+
+
+@pytest.mark.filterwarnings("ignore:Your compiler for AOTAutograd is returning a function:UserWarning")  # the recorder's
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_gated_block_fullgraph(device, backend):
+    # The gated MLP: one graph, forward and backward as eager; with the C++/CUDA ops the
+    # traced forward calls the fused op and the backward its backward op, each once.
+    gen = _gen("compile_gated", device, backend)
+    block = GatedBlock(backend, device, gen)
+    x, g = _randn((2, 5, H_IN), device, gen), _randn((2, 5, H_IN), device, gen)
+    recorder = torch._dynamo.testing.AotEagerAndRecordGraphs()
+    compiled = torch.compile(block, backend=recorder, fullgraph=True)
+    (out_e, grads_e), (out_c, grads_c) = (_run_block(fn, block, x, g) for fn in (block, compiled))
+    assert len(recorder.graphs) == 1
+    if backend in ("auto", "cuda"):
+        for graphs, op in ((recorder.fw_graphs, "polynorm.mul_forward.default"), (recorder.bw_graphs, "polynorm.mul_backward.default")):
+            calls = [n for gm in graphs for n in gm.graph.nodes if str(n.target) == op]
+            assert len(calls) == 1, (op, [_graph_targets(gm) for gm in graphs])
+    names = ["out", "x"] + [n for n, _ in block.named_parameters()]
+    for name, got, exp in zip(names, [out_c, *grads_c], [out_e, *grads_e]):
+        torch.testing.assert_close(got, exp, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("form", list(EPS_FORMS))
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_mul_eps_forms(device, backend, form):
+    # Every eps form, compiled (a tensor or NumPy eps: polynorm::mul_forward_tensor_eps for
+    # the kernel backends, polynorm::checked_eps for the reference), and a new value is used.
+    pytest.importorskip("numpy")
+    gen = _gen("mul_eps_forms", device, backend, form)
+    x, mul, g = (_randn((3, 5, H), device, gen) for _ in range(3))
+    w, b = make_params(torch.float32, device, gen)
+
+    def fn(x, mul, w, b, eps):
+        return polynorm.poly_norm_mul(x, mul, w, b, eps, backend=backend)
+
+    def run(f, eps):
+        args = [t.detach().clone().requires_grad_(True) for t in (x, mul, w, b)]
+        out = f(*args, eps)
+        return [out.detach(), *torch.autograd.grad(out, args, g)]
+
+    compiled = torch.compile(fn, fullgraph=True)
+    for value in (1e-3, 0.5):
+        eps = EPS_FORMS[form](value)
+        eager, comp = run(fn, eps), run(compiled, eps)
+        assert torch.equal(eager[0], run(fn, float(eps))[0])
+        for i, (got, exp) in enumerate(zip(comp, eager)):
+            if backend != "reference" and i == 0:
+                assert torch.equal(got, exp), f"eps={eps!r}: out differs from eager"
+            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} output {i}: {m}")
+
+
+@pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
+@pytest.mark.parametrize("device,backend", CASES)
+def test_compile_mul_eps_checked_when_graph_runs(device, backend, form):
+    pytest.importorskip("numpy")
+    gen = _gen("mul_eps_checked", device, backend, form)
+    x, mul = _randn((2, H), device, gen), _randn((2, H), device, gen)
+    w, b = make_params(torch.float32, device, gen)
+    compiled = torch.compile(lambda x, eps: polynorm.poly_norm_mul(x, mul, w, b, eps, backend=backend), fullgraph=True)
+    compiled(x, EPS_FORMS[form](1e-6))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=re.escape("polynorm.poly_norm_mul: expected eps to be finite and >= 0")):
+            compiled(x, EPS_FORMS[form](bad))
+
+
+@pytest.mark.parametrize("device,backend", KERNEL_CASES)
+def test_compile_gated_dynamic_batch_no_recompile(device, backend):
+    gen = _gen("mul_dynamic", device, backend)
+    block = GatedBlock(backend, device, gen)
+    compiled = torch.compile(block, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for B, T in [(2, 3), (3, 5), (4, 33)]:
+            x, g = _randn((B, T, H_IN), device, gen), _randn((B, T, H_IN), device, gen)
+            out_e, grads_e = _run_block(block, block, x, g)
+            out_c, grads_c = _run_block(compiled, block, x, g)
+            torch.testing.assert_close(out_c, out_e, msg=lambda m: f"B={B} T={T}: {m}")
+            torch.testing.assert_close(grads_c[0], grads_e[0], msg=lambda m: f"B={B} T={T} grad of x: {m}")
+
+
+@pytest.mark.parametrize("device,backend", CASES)
+def test_export_gated_block(device, backend):
+    # The exported gated MLP keeps the fused op as one node, serialises, and matches eager
+    # bitwise for a batch and sequence other than traced.
+    gen = _gen("export_gated", device, backend)
+    block = GatedBlock(backend, device, gen)
+    dims = {0: torch.export.Dim("batch", min=1, max=4096), 1: torch.export.Dim("seq", min=1, max=4096)}
+    ep = torch.export.export(block, (_randn((2, 5, H_IN), device, gen),), dynamic_shapes=(dims,))
+    assert backend not in MUL_GRAPH_OPS or MUL_GRAPH_OPS[backend] in _graph_targets(ep.graph_module)
+    saved = io.BytesIO()
+    torch.export.save(ep, saved)
+    programs = {"exported": ep, "loaded": torch.export.load(io.BytesIO(saved.getvalue()))}
+    with torch.no_grad():
+        for x in (_randn((B, T, H_IN), device, gen) for B, T in [(2, 5), (3, 17)]):
+            for name, program in programs.items():
+                assert torch.equal(program.module()(x), block(x)), (name, tuple(x.shape))
