@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark every PolyNorm provider against bandwidth floors measured in the same run.
 
+Two ops: PolyNorm (``--op poly_norm``, the default) and the fused PolyNorm x mul of gated MLPs
+(``--op poly_norm_mul``, below).
+
 PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884)::
 
     y = w0 * norm(x^3) + w1 * norm(x^2) + w2 * norm(x) + b,   norm(u) = u / sqrt(mean(u^2) + eps)
@@ -15,6 +18,20 @@ backward, with the CUDA backend) once with ``torch.cuda.graph`` and times its re
 backend's ``poly_norm`` (cudagraph trees replay its forward and backward graphs), timed in the
 ``full`` mode only (a retained graph cannot be replayed as a backward alone). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
 eager. An optional provider that is missing or fails its first call is skipped with a message.
+
+The fused op, ``out = poly_norm(x) * mul`` (``--op poly_norm_mul``; issue 15): providers
+``polynorm_mul`` (:func:`polynorm.poly_norm_mul`, backend ``"auto"``: the CUDA kernels on a GPU,
+the C++ kernel on the CPU), ``polynorm_mul_triton`` (backend ``"triton"``), ``polynorm_then_mul``
+(``poly_norm(x)`` with backend ``"auto"``, then ``torch.mul``: the unfused form, five passes
+forward instead of three), ``eager`` (:func:`polynorm.reference.poly_norm_mul`, fp32 upcast,
+rounded once) and ``torch_compile`` (``torch.compile`` of eager). mul ``(M, H)`` is randn in the
+activation dtype and requires grad; grad_out takes grad_y's place. Its floors, from the same two
+timed kernels: forward = ``floor_add`` (read x and mul, write out); backward = ``floor_add`` +
+``floor_copy``, read three (grad_out, x, mul) and write two (dx, dmul), as two kernels timed
+separately and added (no single torch op moves exactly those bytes; at the small shapes the
+sum holds two launch tails, so it is, if anything, a lenient floor there); full = both (eight
+passes). Outputs as below, in files named ``polynorm_mul_bench.json``,
+``polynorm_mul_speed_<sweep>_<mode>.png``, ..., ``polynorm_mul_summary.md``.
 
 Method (that of the peer numbers in ``shared/anchors/h200-2026-11-29.md``):
 
@@ -43,6 +60,7 @@ Usage::
     python3 bench/bench.py --quick                  # under 2 minutes on an H200
     python3 bench/bench.py                          # every sweep, mode and provider
     python3 bench/bench.py --sweep bytes --modes forward backward --providers polynorm_cuda eager
+    python3 bench/bench.py --op poly_norm_mul --quick   # the fused PolyNorm x mul
 """
 
 from __future__ import annotations
@@ -79,27 +97,92 @@ try:
 except ImportError:
     tqdm = None
 
-KERNEL_NAME = "polynorm"
 QUANTILES = [0.5, 0.2, 0.8]  # do_bench returns them in this order: median, 20th, 80th
 MODES = ("forward", "backward", "full")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 FLOOR_COPY, FLOOR_ADD = "floor_copy", "floor_add"
 FLOORS = (FLOOR_COPY, FLOOR_ADD)
-# Passes over the M*H elements that each mode's floor makes: copy reads x and writes y
-# (2); add reads x and grad_y and writes dx (3); full is both (5).
-FLOOR_PASSES = {"forward": 2, "backward": 3, "full": 5}
-FLOOR_LABELS = {"forward": "copy", "backward": "add", "full": "copy + add"}
-GPU_PROVIDERS = (
-    "polynorm_cuda", "polynorm_triton", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
-    "polynorm_cuda_reduce_overhead",
-)  # fmt: skip
-CPU_PROVIDERS = ("polynorm_cpu", "eager")
-PROVIDERS = (
-    "polynorm_cuda", "polynorm_triton", "polynorm_cpu", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
-    "polynorm_cuda_reduce_overhead",
-)  # fmt: skip
-# The provider whose effective bandwidth summary.md reports, in order of preference.
-MAIN_PROVIDERS = ("polynorm_cuda", "polynorm_cpu", "polynorm_triton")
+# Passes over the M*H elements that each floor kernel makes: copy reads one tensor and
+# writes one (2); add reads two and writes one (3).
+FLOOR_PASSES = {FLOOR_COPY: 2, FLOOR_ADD: 3}
+
+
+@dataclass(frozen=True)
+class Op:
+    """One benchmarked op: its providers, the floors that bound each mode, its file names."""
+
+    name: str  # --op
+    kernel_name: str  # the records' kernel_name; names the output files
+    gpu_providers: tuple[str, ...]  # the default on a GPU
+    cpu_providers: tuple[str, ...]  # the default without CUDA
+    providers: tuple[str, ...]  # every provider of the op, in the summary's column order
+    main_providers: tuple[str, ...]  # whose effective bandwidth summary.md reports, by preference
+    floors: dict  # mode -> the floor kernels whose times add up to its floor
+    inputs: str  # what make_inputs draws, for summary.md
+    floors_line: str  # how the floors are made, for summary.md
+    grads: str  # what the backward computes
+    # summary.md's speed-up columns: each of these providers' time / the main provider's
+    speedup_over: tuple[str, ...] = ()
+
+    def passes(self, mode: str) -> int:
+        """Passes over the M*H elements that the mode's floor makes."""
+        return sum(FLOOR_PASSES[name] for name in self.floors[mode])
+
+    def floor_label(self, mode: str) -> str:
+        return " + ".join(name.removeprefix("floor_") for name in self.floors[mode])
+
+    @property
+    def file_prefix(self) -> str:
+        """PNGs and summary.md: unprefixed for PolyNorm (the original names), else the kernel name."""
+        return "" if self.name == "poly_norm" else f"{self.kernel_name}_"
+
+
+POLY_NORM = Op(
+    name="poly_norm",
+    kernel_name="polynorm",
+    gpu_providers=(
+        "polynorm_cuda", "polynorm_triton", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
+        "polynorm_cuda_reduce_overhead",
+    ),  # fmt: skip
+    cpu_providers=("polynorm_cpu", "eager"),
+    providers=(
+        "polynorm_cuda", "polynorm_triton", "polynorm_cpu", "eager", "torch_compile", "liger", "polynorm_cuda_graph",
+        "polynorm_cuda_reduce_overhead",
+    ),  # fmt: skip
+    main_providers=("polynorm_cuda", "polynorm_cpu", "polynorm_triton"),
+    # forward reads x and writes y (copy, 2 passes); backward reads x and grad_y and writes
+    # dx (add, 3); full is both (5).
+    floors={"forward": (FLOOR_COPY,), "backward": (FLOOR_ADD,), "full": (FLOOR_COPY, FLOOR_ADD)},
+    inputs="x and grad_y randn",
+    floors_line=(
+        "forward = copy (read x, write y); backward = `torch.add(a, b, out=c)` (read 2, write 1); full = their sum"
+    ),
+    grads="dx, dw, db",
+)
+POLY_NORM_MUL = Op(
+    name="poly_norm_mul",
+    kernel_name="polynorm_mul",
+    gpu_providers=("polynorm_mul", "polynorm_mul_triton", "polynorm_then_mul", "torch_compile", "eager"),
+    cpu_providers=("polynorm_mul", "polynorm_then_mul", "eager"),
+    providers=("polynorm_mul", "polynorm_mul_triton", "polynorm_then_mul", "torch_compile", "eager"),
+    main_providers=("polynorm_mul", "polynorm_mul_triton"),
+    # forward reads x and mul and writes out (add, 3 passes); backward reads grad_out, x and
+    # mul and writes dx and dmul (add + copy, 5); full is both (8).
+    floors={
+        "forward": (FLOOR_ADD,),
+        "backward": (FLOOR_ADD, FLOOR_COPY),
+        "full": (FLOOR_ADD, FLOOR_ADD, FLOOR_COPY),
+    },
+    inputs="x, mul and grad_out randn",
+    floors_line=(
+        "forward = `torch.add(a, b, out=c)` (read 2, write 1); backward = add + copy, timed apart and added "
+        "(read 3, write 2); full = their sum"
+    ),
+    grads="dx, dmul, dw, db",
+    speedup_over=("polynorm_then_mul", "torch_compile"),  # the issue's target: >= 1.5x faster than each
+)
+OPS = {op.name: op for op in (POLY_NORM, POLY_NORM_MUL)}
+PROVIDERS = tuple(dict.fromkeys(p for op in OPS.values() for p in op.providers))
 
 # The sweeps' x values, and the subsets that --quick runs.
 SEED_M, SEED_H = 2048, (1024, 2048, 4096, 8192, 16384, 32768)
@@ -203,27 +286,40 @@ def make_sweep(name: str, quick: bool) -> Sweep:
     raise ValueError(f"bench: unknown sweep {name!r}")
 
 
-def make_inputs(M: int, H: int, dtype: torch.dtype, device: torch.device, seed: int = 0):
+def make_inputs(
+    M: int, H: int, dtype: torch.dtype, device: torch.device, seed: int = 0, op: Op = POLY_NORM
+) -> tuple[tuple[Tensor, ...], Tensor]:
     """Fresh random inputs for one shape: never zeros.
 
     Returns:
-        x ``(M, H)`` randn in dtype; weight ``(3,)`` fp32 near ``[0.3, -0.4, 0.9]``; bias ``()``
-        fp32 near 0; grad_y ``(M, H)`` randn in dtype. x, weight and bias require grad.
+        (inputs, grad): inputs = (x, weight, bias), or (x, mul, weight, bias) for the fused
+        op; grad = grad_y (grad_out). x and mul ``(M, H)`` randn in dtype; weight ``(3,)``
+        fp32 near ``[0.3, -0.4, 0.9]``; bias ``()`` fp32 near 0; grad ``(M, H)`` randn in
+        dtype. Every input requires grad.
     """
     torch.manual_seed(seed)
     weight = torch.tensor([0.3, -0.4, 0.9]) + 0.05 * torch.randn(3)
     bias = 0.1 * torch.randn(())  # 0-d: Liger returns a 0-d grad_bias, which autograd rejects for a (1,) bias
     x = torch.randn(M, H, dtype=dtype, device=device, requires_grad=True)
-    grad_y = torch.randn(M, H, dtype=dtype, device=device)
-    return x, weight.to(device).requires_grad_(), bias.to(device).requires_grad_(), grad_y
+    mul = torch.randn(M, H, dtype=dtype, device=device, requires_grad=True) if op is POLY_NORM_MUL else None
+    grad = torch.randn(M, H, dtype=dtype, device=device)
+    params = (weight.to(device).requires_grad_(), bias.to(device).requires_grad_())
+    return ((x, *params) if mul is None else (x, mul, *params)), grad
 
 
-def provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
-    """A function that makes provider name's ``forward(x, weight, bias) -> y``, anew for each shape.
+def provider_factory(name: str, eps: float, op: Op = POLY_NORM) -> Callable[[], ForwardFn]:
+    """A function that makes provider name's ``forward(*inputs) -> y``, anew for each shape:
+    ``forward(x, weight, bias) -> y``, or ``forward(x, mul, weight, bias) -> out`` for the
+    fused op.
 
     Raises:
         ImportError: the provider's package is not installed (liger).
+        ValueError: a provider that is not op's.
     """
+    if name not in op.providers:
+        raise ValueError(f"bench: provider {name!r} is not one of --op {op.name}'s: {', '.join(op.providers)}")
+    if op is POLY_NORM_MUL:
+        return _mul_provider_factory(name, eps)
     if name in ("polynorm_cuda", "polynorm_triton", "polynorm_cpu"):
         backend = {"polynorm_cuda": "cuda", "polynorm_triton": "triton", "polynorm_cpu": "auto"}[name]
         return lambda: functools.partial(polynorm.poly_norm, eps=eps, backend=backend)
@@ -270,6 +366,34 @@ def provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
     raise ValueError(f"bench: unknown provider {name!r}")
 
 
+def _mul_provider_factory(name: str, eps: float) -> Callable[[], ForwardFn]:
+    """The fused op's providers (see the module docstring). polynorm.poly_norm_mul is looked
+    up when a provider is made, so a checkout without it skips that provider with a message."""
+    if name in ("polynorm_mul", "polynorm_mul_triton"):
+        backend = "triton" if name == "polynorm_mul_triton" else "auto"
+        return lambda: functools.partial(polynorm.poly_norm_mul, eps=eps, backend=backend)
+    if name == "polynorm_then_mul":
+
+        def then_mul(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+            # The unfused form: y rounded to x's dtype, written, read back by torch.mul.
+            return torch.mul(polynorm.poly_norm(x, weight, bias, eps=eps), mul)
+
+        return lambda: then_mul
+    if name == "eager":
+        return lambda: functools.partial(reference.poly_norm_mul, eps=eps)
+    if name == "torch_compile":
+
+        def compiled() -> ForwardFn:
+            # As for PolyNorm's torch_compile: a fresh, shape-specialised graph per shape, and
+            # no donated buffers, so that a retained backward can be timed again and again.
+            torch.compiler.reset()
+            torch._functorch.config.donated_buffer = False
+            return torch.compile(functools.partial(reference.poly_norm_mul, eps=eps), fullgraph=True, dynamic=False)
+
+        return compiled
+    raise ValueError(f"bench: unknown provider {name!r}")
+
+
 def _call(fn, *args):
     return fn(*args)
 
@@ -290,8 +414,11 @@ def cuda_graphed(fn: Callable[[], object]) -> Callable[[], None]:
     return graph.replay
 
 
-def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device, eps: float) -> str:
-    """Run one forward and backward at M=64, H=4096; return a warning if y or dx is off.
+def check_provider(
+    forward: ForwardFn, dtype: torch.dtype, device: torch.device, eps: float, op: Op = POLY_NORM
+) -> str:
+    """Run one forward and backward at M=64, H=4096; return a warning if y or dx (out, dx
+    or dmul for the fused op) is off.
 
     The bound is 2 eps of dtype in relative L2 error against the float64 reference: about 9x
     what an fp32 computation rounded once to bf16 or fp16 achieves, 4x for fp32
@@ -300,16 +427,18 @@ def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device,
     Raises:
         Exception: whatever the provider raises (missing backend, no CUDA build, ...).
     """
-    x, weight, bias, grad_y = make_inputs(64, 4096, dtype, device, seed=1)
-    inputs = (x, weight, bias)
+    inputs, grad = make_inputs(64, 4096, dtype, device, seed=1, op=op)
+    tensors = inputs[:-2]  # x (and mul): the gradients checked
     y = forward(*inputs)
-    (grad_x,) = torch.autograd.grad(y, x, grad_y)
-    x64 = x.detach().double().requires_grad_()
-    y64 = reference.poly_norm(x64, weight.detach().double(), bias.detach().double(), eps)
-    (grad_x64,) = torch.autograd.grad(y64, x64, grad_y.double())
+    grads = torch.autograd.grad(y, tensors, grad)
+    inputs64 = [t.detach().double().requires_grad_() for t in inputs]
+    oracle = reference.poly_norm if op is POLY_NORM else reference.poly_norm_mul
+    y64 = oracle(*inputs64, eps)
+    grads64 = torch.autograd.grad(y64, inputs64[: len(tensors)], grad.double())
     bound = 2 * torch.finfo(dtype).eps
     warnings = []
-    for what, got, want in (("y", y, y64), ("dx", grad_x, grad_x64)):
+    names = ("y", "dx") if op is POLY_NORM else ("out", "dx", "dmul")
+    for what, got, want in zip(names, (y, *grads), (y64, *grads64), strict=True):
         err = (torch.linalg.vector_norm(got.double() - want) / torch.linalg.vector_norm(want)).item()
         if not err <= bound:  # NaN fails too
             warnings.append(f"{what} {err:.2e}")
@@ -318,13 +447,13 @@ def check_provider(forward: ForwardFn, dtype: torch.dtype, device: torch.device,
     return ""
 
 
-def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tensor, grad_y: Tensor):
+def mode_fn(mode: str, forward: ForwardFn, inputs: tuple[Tensor, ...], grad_y: Tensor):
     """The callable timed for a mode: forward, backward of a retained graph, or both.
 
-    torch.autograd.grad returns dx, dw and db instead of accumulating them into ``.grad``,
-    so no timed call adds to another's gradients.
+    ``inputs``: make_inputs' (x, weight, bias), or (x, mul, weight, bias). torch.autograd.grad
+    returns every input's gradient (dx, dw, db; and dmul) instead of accumulating them into
+    ``.grad``, so no timed call adds to another's gradients.
     """
-    inputs = (x, weight, bias)
     capture = getattr(forward, "capture", None)
     if capture == "graph":
         if mode == "backward":
@@ -333,7 +462,7 @@ def mode_fn(mode: str, forward: ForwardFn, x: Tensor, weight: Tensor, bias: Tens
             # capture"); the full mode captures both.
             raise NotImplementedError("backward: the CUDA-graph provider is timed forward and full")
         plain = functools.partial(polynorm.poly_norm, eps=forward.keywords["eps"], backend="cuda")
-        return cuda_graphed(mode_fn(mode, plain, x, weight, bias, grad_y))
+        return cuda_graphed(mode_fn(mode, plain, inputs, grad_y))
     if capture == "reduce-overhead":
         if mode != "full":
             raise NotImplementedError(f"{mode}: reduce-overhead is timed in the full mode only")
@@ -401,14 +530,16 @@ def first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-def bench_shape(M: int, H: int, providers: dict[str, Callable[[], ForwardFn]], args, device, log) -> dict:
+def bench_shape(
+    M: int, H: int, providers: dict[str, Callable[[], ForwardFn]], args, device, log, op: Op = POLY_NORM
+) -> dict:
     """Time the floors, then each provider, at one shape.
 
     Returns:
         ``{(provider, metric, mode): (p50, p20, p80)}``; a measurement that raised is absent
         (and logged), so one provider failing at one shape ends neither the shape nor the run.
     """
-    x, weight, bias, grad_y = make_inputs(M, H, DTYPES[args.dtype], device)
+    inputs, grad_y = make_inputs(M, H, DTYPES[args.dtype], device, op=op)
     results = {}
 
     def measure(what: str, fn: Callable, *fn_args):
@@ -422,12 +553,12 @@ def bench_shape(M: int, H: int, providers: dict[str, Callable[[], ForwardFn]], a
 
     def time_mode(mode: str, forward: ForwardFn):
         # mode_fn runs inside measure, so a backward's retained graph lives only while it is timed.
-        return time_ms(mode_fn(mode, forward, x, weight, bias, grad_y), device, args.warmup, args.rep)
+        return time_ms(mode_fn(mode, forward, inputs, grad_y), device, args.warmup, args.rep)
 
     def memory(forward: ForwardFn):
-        return peak_memory_mib(mode_fn("full", forward, x, weight, bias, grad_y))
+        return peak_memory_mib(mode_fn("full", forward, inputs, grad_y))
 
-    for name, fn in floor_fns(x, grad_y).items():
+    for name, fn in floor_fns(inputs[0], grad_y).items():
         timing = measure(name, time_ms, fn, device, args.warmup, args.rep)
         if timing:  # one floor bounds every mode's record
             results.update({(name, "speed", mode): timing for mode in args.modes})
@@ -462,7 +593,7 @@ def liger_version() -> str | None:
 
 
 def make_records(
-    sweep: Sweep, results: list[dict], gpu_name: str, dtype: torch.dtype, eps: float
+    sweep: Sweep, results: list[dict], gpu_name: str, dtype: torch.dtype, eps: float, op: Op = POLY_NORM
 ) -> list[BenchmarkData]:
     """One record per (provider, metric, mode) measured anywhere along the sweep."""
     timestamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M:%S")
@@ -472,7 +603,7 @@ def make_records(
         values = [point.get((provider, metric, mode)) for point in results]
         records.append(
             BenchmarkData(
-                kernel_name=KERNEL_NAME,
+                kernel_name=op.kernel_name,
                 kernel_provider=provider,
                 metric_name=metric,
                 metric_unit="ms" if metric == "speed" else "MB",
@@ -508,9 +639,10 @@ def group_records(records: list[dict]) -> dict:
     return groups
 
 
-def floor_values(mode: str, floors: dict) -> list[float | None]:
-    """The floor of a mode at each x: copy (forward), add (backward), or their sum (full)."""
-    names = {"forward": (FLOOR_COPY,), "backward": (FLOOR_ADD,), "full": (FLOOR_COPY, FLOOR_ADD)}[mode]
+def floor_values(mode: str, floors: dict, op: Op = POLY_NORM) -> list[float | None]:
+    """The floor of a mode at each x: the sum of op's floor kernels for it (PolyNorm: copy
+    forward, add backward, both full; the fused op: add, add + copy, and all three)."""
+    names = op.floors[mode]
     if not all(name in floors for name in names):
         return []
     columns = zip(*(floors[name]["y_values_50"] for name in names), strict=True)
@@ -532,27 +664,29 @@ def gb_per_s(gigabytes: float, ms: float | None) -> str:
     return f"{rate:.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
-def summarize(records: list[dict], header: list[str]) -> str:
+def summarize(records: list[dict], header: list[str], op: Op = POLY_NORM) -> str:
     """summary.md: per sweep, each shape and mode's floor and every provider's ratio to it."""
-    lines = ["# polynorm benchmark", "", *header, ""]
+    lines = [f"# {op.kernel_name} benchmark", "", *header, ""]
     memory_rows = []
     for (config_str, x_name, _, x_values), by_mode in group_records(records).items():
         config = json.loads(config_str)
         itemsize = getattr(torch, config["dtype"]).itemsize
         speed_modes = [mode for mode in MODES if ("speed", mode) in by_mode]
-        providers = [p for p in PROVIDERS if any(p in by_mode[("speed", mode)] for mode in speed_modes)]
-        main = next((p for p in MAIN_PROVIDERS if p in providers), None)
+        providers = [p for p in op.providers if any(p in by_mode[("speed", mode)] for mode in speed_modes)]
+        main = next((p for p in op.main_providers if p in providers), None)
         fixed = ", ".join(f"{k}={v}" for k, v in config.items() if k in ("M", "H", "M*H") and not isinstance(v, list))
         lines += [f"## sweep `{config['sweep']}` ({fixed}, {config['dtype']}, x = {x_name})", ""]
         head = ["M", "H", "mode", "floor ms", "floor GB/s"] + [f"{p} × (ms)" for p in providers]
         head += [f"{main} GB/s"] if main else []
+        baselines = [p for p in op.speedup_over if main and p in providers]
+        head += [f"{main} speed-up over {p}" for p in baselines]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        floors_by_mode = {mode: floor_values(mode, by_mode[("speed", mode)]) for mode in speed_modes}
+        floors_by_mode = {mode: floor_values(mode, by_mode[("speed", mode)], op) for mode in speed_modes}
         for i, x in enumerate(x_values):
             M, H = shape_at(config, x_name, x, i)
             for mode in speed_modes:
                 floor = floors_by_mode[mode][i] if floors_by_mode[mode] else None
-                gigabytes = FLOOR_PASSES[mode] * M * H * itemsize / 1e9
+                gigabytes = op.passes(mode) * M * H * itemsize / 1e9
                 row = [str(M), str(H), mode, f"{floor:.4f}" if floor else "—", gb_per_s(gigabytes, floor)]
                 for provider in providers:
                     record = by_mode[("speed", mode)].get(provider)
@@ -565,6 +699,10 @@ def summarize(records: list[dict], header: list[str]) -> str:
                     record = by_mode[("speed", mode)].get(main)
                     ms = record["y_values_50"][i] if record else None
                     row.append(gb_per_s(gigabytes, ms))
+                for baseline in baselines:
+                    record = by_mode[("speed", mode)].get(baseline)
+                    other = record["y_values_50"][i] if record else None
+                    row.append(f"{other / ms:.2f}×" if ms and other else "—")
                 lines.append("| " + " | ".join(row) + " |")
         lines.append("")
         if ("memory", "full") in by_mode:
@@ -573,7 +711,7 @@ def summarize(records: list[dict], header: list[str]) -> str:
                 M, H = shape_at(config, x_name, x, i)
                 memory_rows.append((config["sweep"], M, H, M * H * itemsize / 2**20, memory, i))
     if memory_rows:
-        providers = [p for p in PROVIDERS if any(p in row[4] for row in memory_rows)]
+        providers = [p for p in op.providers if any(p in row[4] for row in memory_rows)]
         lines += ["## Peak extra memory of one full pass (forward + backward), MiB", ""]
         head = ["sweep", "M", "H", "one tensor"] + providers
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -587,7 +725,7 @@ def summarize(records: list[dict], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
+def plot(records: list[dict], out_dir: Path, log, op: Op = POLY_NORM) -> list[Path]:
     """Time vs x per sweep and mode, ratio to the floor per sweep, and memory: PNGs in out_dir."""
     try:
         import matplotlib
@@ -620,9 +758,9 @@ def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
         for mode in speed_modes:
             fig, ax = plt.subplots(figsize=(7, 4.5))
             records_by_provider = by_mode[("speed", mode)]
-            floor = floor_values(mode, records_by_provider)
+            floor = floor_values(mode, records_by_provider, op)
             if floor:
-                ax.plot(x_values, nan(floor), "k--", label=f"floor ({FLOOR_LABELS[mode]})")
+                ax.plot(x_values, nan(floor), "k--", label=f"floor ({op.floor_label(mode)})")
             for provider, record in records_by_provider.items():
                 if provider in FLOORS:
                     continue
@@ -631,16 +769,16 @@ def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
                     x_values, nan(record["y_values_20"]), nan(record["y_values_80"]), color=line.get_color(), alpha=0.2
                 )
             style(ax, x_label, x_values, "ms (median; band: 20th-80th percentile)")
-            ax.set_title(f"polynorm {mode}, sweep {sweep}, {config['dtype']}")
+            ax.set_title(f"{op.kernel_name} {mode}, sweep {sweep}, {config['dtype']}")
             ax.legend(fontsize=8)
             fig.tight_layout()
-            paths.append(out_dir / f"speed_{sweep}_{mode}.png")
+            paths.append(out_dir / f"{op.file_prefix}speed_{sweep}_{mode}.png")
             fig.savefig(paths[-1], dpi=120)
             plt.close(fig)
 
         fig, axes = plt.subplots(1, len(speed_modes), figsize=(5 * len(speed_modes), 4.5), squeeze=False)
         for ax, mode in zip(axes[0], speed_modes, strict=True):
-            floor = nan(floor_values(mode, by_mode[("speed", mode)])) or [float("nan")] * len(x_values)
+            floor = nan(floor_values(mode, by_mode[("speed", mode)], op)) or [float("nan")] * len(x_values)
             for provider, record in by_mode[("speed", mode)].items():
                 if provider not in FLOORS:
                     ax.plot(
@@ -652,11 +790,11 @@ def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
                     )
             ax.axhline(1.0, color="0.5", ls="--", lw=1)
             style(ax, x_label, x_values, "time / floor")
-            ax.set_title(f"{mode} (floor: {FLOOR_LABELS[mode]})")
+            ax.set_title(f"{mode} (floor: {op.floor_label(mode)})")
             ax.legend(fontsize=7)
-        fig.suptitle(f"polynorm ratio to the same-run floor, sweep {sweep}, {config['dtype']}")
+        fig.suptitle(f"{op.kernel_name} ratio to the same-run floor, sweep {sweep}, {config['dtype']}")
         fig.tight_layout()
-        paths.append(out_dir / f"ratio_{sweep}.png")
+        paths.append(out_dir / f"{op.file_prefix}ratio_{sweep}.png")
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
         if ("memory", "full") in by_mode:
@@ -670,15 +808,15 @@ def plot(records: list[dict], out_dir: Path, log) -> list[Path]:
             style(ax, x_label, x_values, "MiB")
             ax.set_title(f"sweep {sweep}")
             ax.legend(fontsize=7)
-        fig.suptitle("polynorm peak extra memory of one full pass")
+        fig.suptitle(f"{op.kernel_name} peak extra memory of one full pass")
         fig.tight_layout()
-        paths.append(out_dir / "memory.png")
+        paths.append(out_dir / f"{op.file_prefix}memory.png")
         fig.savefig(paths[-1], dpi=120)
         plt.close(fig)
     return paths
 
 
-def header_lines(args, device: torch.device, gpu_name: str) -> list[str]:
+def header_lines(args, device: torch.device, gpu_name: str, op: Op = POLY_NORM) -> list[str]:
     """The run's provenance for summary.md: command, device, versions, date, method."""
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
@@ -708,18 +846,17 @@ def header_lines(args, device: torch.device, gpu_name: str) -> list[str]:
         f"- software: {', '.join(versions)}",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
         (
-            f"- inputs: x and grad_y randn {args.dtype}; weight fp32 near [0.3, -0.4, 0.9], bias fp32 near 0; "
+            f"- inputs: {op.inputs} {args.dtype}; weight fp32 near [0.3, -0.4, 0.9], bias fp32 near 0; "
             f"eps {args.eps}"
         ),
         f"- timing: {timing}",
         (
-            "- floors, same run, same bytes: forward = copy (read x, write y); backward = `torch.add(a, b, out=c)` "
-            "(read 2, write 1); full = their sum. A cell is time / floor, with ms in brackets; GB/s = the floor's "
-            "bytes / time"
+            f"- floors, same run, same bytes: {op.floors_line}. A cell is time / floor, with ms in brackets; "
+            "GB/s = the floor's bytes / time"
         ),
         (
             "- modes: forward with autograd recording; backward = `torch.autograd.grad` of a retained graph "
-            "(dx, dw, db); full = both"
+            f"({op.grads}); full = both"
         ),
     ] + ([CUDA_CAVEAT] if device.type == "cuda" else [])
 
@@ -733,13 +870,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=["all"],
         help="sweeps to run (default all: seed, bytes and tokens on a GPU; cpu without CUDA)",
     )
+    parser.add_argument(
+        "--op",
+        choices=tuple(OPS),
+        default=POLY_NORM.name,
+        help="the op: poly_norm (default), or poly_norm_mul, the fused PolyNorm x mul",
+    )
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16", help="activation dtype (default bf16)")
+    defaults = "; ".join(
+        f"{op.name}: {' '.join(op.gpu_providers)} on a GPU, {' '.join(op.cpu_providers)} without CUDA"
+        for op in OPS.values()
+    )
     parser.add_argument(
         "--providers",
         nargs="+",
         choices=PROVIDERS,
-        help=f"providers to time (default on a GPU: {' '.join(GPU_PROVIDERS)}; "
-        f"without CUDA: {' '.join(CPU_PROVIDERS)}); floors are always timed",
+        help=f"providers to time, of the op's (default for {defaults}); floors are always timed",
     )
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="modes to time (default all)")
     parser.add_argument(
@@ -766,6 +912,10 @@ def main(argv=None) -> int:
     args.warmup = warmup if args.warmup is None else args.warmup
     args.rep = rep if args.rep is None else args.rep
     dtype = DTYPES[args.dtype]
+    op = OPS[args.op]
+    others = [name for name in args.providers or () if name not in op.providers]
+    if others:
+        sys.exit(f"bench: --op {op.name} has the providers {', '.join(op.providers)}, not {', '.join(others)}")
     gpu_name = device_name(device)
     log = tqdm.write if tqdm else print
 
@@ -777,10 +927,10 @@ def main(argv=None) -> int:
         log("bench: no CUDA device; the GPU sweeps' sizes will be slow on the CPU (the default there is --sweep cpu)")
 
     providers = {}
-    for name in args.providers or (GPU_PROVIDERS if device.type == "cuda" else CPU_PROVIDERS):
+    for name in args.providers or (op.gpu_providers if device.type == "cuda" else op.cpu_providers):
         try:
-            factory = provider_factory(name, args.eps)
-            warning = check_provider(factory(), dtype, device, args.eps)
+            factory = provider_factory(name, args.eps, op)
+            warning = check_provider(factory(), dtype, device, args.eps, op)
         except Exception as error:
             log(f"bench: skipping {name}: {first_line(error)}")
             continue
@@ -794,7 +944,7 @@ def main(argv=None) -> int:
     out_dir = args.out or Path(__file__).resolve().parent / "results" / f"{slug}-{datetime.date.today().isoformat()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     log(
-        f"bench: {gpu_name}, {args.dtype}, providers {', '.join(providers) or 'none'}, "
+        f"bench: {op.name}, {gpu_name}, {args.dtype}, providers {', '.join(providers) or 'none'}, "
         f"sweeps {', '.join(s.name for s in sweeps)}, modes {', '.join(args.modes)} -> {out_dir}"
     )
 
@@ -806,21 +956,22 @@ def main(argv=None) -> int:
             bar.set_description(f"{sweep.name} M={M} H={H}")
         else:
             print(f"[{i}/{len(points)}] sweep {sweep.name}: M={M} H={H}", flush=True)
-        results[sweep.name].append(bench_shape(M, H, providers, args, device, log))
+        results[sweep.name].append(bench_shape(M, H, providers, args, device, log, op))
         if bar:
             bar.update()
         if len(results[sweep.name]) == len(sweep.shapes):
-            records += [asdict(r) for r in make_records(sweep, results[sweep.name], gpu_name, dtype, args.eps)]
+            records += [asdict(r) for r in make_records(sweep, results[sweep.name], gpu_name, dtype, args.eps, op)]
     if bar:
         bar.close()
 
-    json_path = out_dir / "polynorm_bench.json"
+    json_path = out_dir / f"{op.kernel_name}_bench.json"
     json_path.write_text(json.dumps(records, indent=1) + "\n")
-    pngs = plot(records, out_dir, log)
-    summary = summarize(records, header_lines(args, device, gpu_name))
-    (out_dir / "summary.md").write_text(summary)
+    pngs = plot(records, out_dir, log, op)
+    summary = summarize(records, header_lines(args, device, gpu_name, op), op)
+    summary_path = out_dir / f"{op.file_prefix}summary.md"
+    summary_path.write_text(summary)
     print(summary)
-    print(f"bench: wrote {json_path.name}, summary.md and {len(pngs)} PNGs to {out_dir}")
+    print(f"bench: wrote {json_path.name}, {summary_path.name} and {len(pngs)} PNGs to {out_dir}")
     return 0
 
 

@@ -7,11 +7,22 @@ Shapes: M*H = 2^26 for H = 512..65536 and the irregular 3000, 5125, 16385; then 
 shapes M = 2048, H = 1024..32768. Columns: copy and add floors in microseconds, then
 time / floor for the CUDA (fwd/x, bwd/x) and Triton (trfwd/x, trbwd/x) ops.
 
+``--op poly_norm_mul`` times the fused PolyNorm x mul the same way (issue 15):
+``mul_forward`` and ``mul_backward`` (CUDA), ``mul_forward_triton`` and ``mul_backward_triton``,
+over its floors: forward reads x and mul and writes out, as a same-size ``torch.add(a, b,
+out=c)`` does (add); backward reads grad_out, x and mul and writes dx and dmul, as an add and
+a copy timed apart and added do (add+copy, as in bench.py). Columns: the add floor in
+microseconds, mfwd/x and trmfwd/x over it; the add+copy floor, mbwd/x and trmbwd/x over it.
+An op without a kernel on this build (NotImplementedError) shows as nan.
+
     python3 bench/ops_timing.py
+    python3 bench/ops_timing.py --op poly_norm_mul
 
 This is the script behind bench/results/h200-2026-11-29/ops_timing*.log. The full
 harness, with autograd, the peers and plots, is bench/bench.py.
 """
+import argparse
+
 import torch
 from triton.testing import do_bench
 
@@ -45,13 +56,50 @@ def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Te
     )
 
 
+def mul_times(forward_name: str, backward_name: str, x, mul, g, weight, bias) -> tuple[float, float]:
+    """(forward ms, backward ms) of the named fused ops, or nan where an op has no kernel."""
+    forward_op, backward_op = (getattr(torch.ops.polynorm, name, None) for name in (forward_name, backward_name))
+    try:
+        _, rstd = forward_op(x, mul, weight, bias, 1e-6)
+    except (NotImplementedError, TypeError):  # no CUDA kernel in this build; no Triton op registered
+        return float("nan"), float("nan")
+    t_f = bench(lambda: forward_op(x, mul, weight, bias, 1e-6))
+    t_b = bench(lambda: backward_op(g, x, mul, weight, bias, rstd))
+    return t_f, t_b
+
+
+def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor) -> str:
+    x = torch.randn(M, H, device="cuda", dtype=dtype)
+    mul = torch.randn_like(x)
+    g = torch.randn_like(x)
+    out, out2 = torch.empty_like(x), torch.empty_like(x)
+    t_add = bench(lambda: torch.add(x, mul, out=out))
+    t_copy = bench(lambda: out2.copy_(x))
+    t_add_copy = t_add + t_copy  # read 3, write 2: the backward's bytes
+    t_f, t_b = mul_times("mul_forward", "mul_backward", x, mul, g, weight, bias)
+    tf, tb = mul_times("mul_forward_triton", "mul_backward_triton", x, mul, g, weight, bias)
+    return (
+        f"{M:7d} {H:6d} {t_add * 1e3:7.1f} {t_f / t_add:6.2f} {tf / t_add:8.2f} "
+        f"{t_add_copy * 1e3:8.1f} {t_b / t_add_copy:6.2f} {tb / t_add_copy:8.2f}"
+    )
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", choices=("poly_norm", "poly_norm_mul"), default="poly_norm")
+    args = parser.parse_args()
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
-    print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
-    for M, H in SHAPES:
-        print(row(M, H, torch.bfloat16, weight, bias), flush=True)
+    if args.op == "poly_norm":
+        print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
+        for M, H in SHAPES:
+            print(row(M, H, torch.bfloat16, weight, bias), flush=True)
+    else:
+        head = f"{'add':>7} {'mfwd/x':>6} {'trmfwd/x':>8} {'add+copy':>8} {'mbwd/x':>6} {'trmbwd/x':>8}"
+        print(f"{'M':>7} {'H':>6} {head}")
+        for M, H in SHAPES:
+            print(mul_row(M, H, torch.bfloat16, weight, bias), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""Triton kernels for PolyNorm: ``torch.ops.polynorm.forward_triton`` and ``backward_triton``.
+"""Triton kernels for PolyNorm: ``torch.ops.polynorm.forward_triton`` and ``backward_triton``,
+and for the fused PolyNorm x mul: ``mul_forward_triton`` and ``mul_backward_triton``.
 
 PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of
 Large Language Models", arXiv:2411.03884), per row x of length H::
@@ -12,10 +13,20 @@ Closed-form backward (``docs/MATH.md``), with S_p = sum_j g_j x_j^p and G = sum_
     dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
     dw0 = sum_rows r_3 S_3,  dw1 = sum_rows r_2 S_2,  dw2 = sum_rows r_1 S_1,  db = sum_rows G
 
+Fused PolyNorm x mul (the gated MLP's ``down(PolyNorm(gate(x)) * up(x))``), the same kernels
+with the constexpr flag HAS_MUL::
+
+    out      = y * mul                          y in fp32 (fp64), never rounded on its own
+    g        = grad_out * mul                   in fp32 (fp64), never rounded: drives the
+                                                backward above (dx, dw, db) unchanged
+    grad_mul = grad_out * y                     y recomputed from x and rstd, in the same
+                                                Horner form (the same bits) as the forward
+
 Layout of the work
 - A row that fits one block (see ``_launch_config``) is loaded once, reduced, and its
   output computed from the registers: x is read from device memory once (x and grad_y
-  in backward). Rows of small H share a program as a [BLOCK_M, BLOCK_H] tile.
+  in backward; and mul, with HAS_MUL). Rows of small H share a program as a
+  [BLOCK_M, BLOCK_H] tile. The fused op uses PolyNorm's launch configurations as they are.
 - A longer row is walked twice in column blocks of BLOCK_H: a statistics pass, then an
   output pass that mostly hits L2. H has no cap.
 - Everything accumulates in fp32 (fp64 for fp64 inputs): the rstd cache's dtype.
@@ -40,9 +51,21 @@ from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 from torch.library import triton_op, wrap_triton
 
-from polynorm._common import check_backward_args, check_forward_args, register_autograd
+from polynorm._common import (
+    check_backward_args,
+    check_forward_args,
+    check_mul_backward_args,
+    check_mul_forward_args,
+    register_autograd,
+    register_mul_autograd,
+)
 
-__all__ = ["poly_norm_forward_triton", "poly_norm_backward_triton"]
+__all__ = [
+    "poly_norm_backward_triton",
+    "poly_norm_forward_triton",
+    "poly_norm_mul_backward_triton",
+    "poly_norm_mul_forward_triton",
+]
 
 
 # ----------------------------------------------------------------------------------------
@@ -100,13 +123,45 @@ def _to_out(v, OUT: tl.constexpr):
     return out
 
 
+@triton.jit
+def _load_acc(rows, c, mask, ACC: tl.constexpr):
+    # The [BLOCK_M, len(c)] tile at columns c of rows (per-row base pointers), in ACC.
+    return _to_acc(tl.load(rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+
+
+@triton.jit
+def _horner_coefficients(w0, w1, w2, r1, r2, r3):
+    # k_p = w(p) r_p, as [BLOCK_M, 1] columns (docs/MATH.md, Forward, Horner form).
+    return (w2 * r1)[:, None], (w1 * r2)[:, None], (w0 * r3)[:, None]
+
+
+@triton.jit
+def _poly_y(x, k1, k2, k3, b):
+    # y = x (k_1 + x (k_2 + x k_3)) + b: 3 FMAs per element (docs/MATH.md, Forward). The
+    # forward and the mul backward's recompute of y both call this: the same bits.
+    return tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b)
+
+
+@triton.jit
+def _load_grad(g_rows, mul_rows, c, mask, ACC: tl.constexpr, HAS_MUL: tl.constexpr):
+    # (grad_out, g) with g = dL/dy: grad_y itself, or grad_out * mul in ACC (never rounded)
+    # when HAS_MUL.
+    go = _load_acc(g_rows, c, mask, ACC)
+    g = go
+    if HAS_MUL:
+        g = go * _load_acc(mul_rows, c, mask, ACC)
+    return go, g
+
+
 # M is never specialised (Triton would compile M == 1 as a constant): the code, and so
 # a row's bits, must not depend on the batch size.
 @triton.jit(do_not_specialize=["M"])
 def _poly_norm_fwd_kernel(
     x_ptr,  # [M, H], unit column stride, rows x_row_stride elements apart
     x_row_stride,
-    y_ptr,  # [M, H] contiguous, x's dtype
+    mul_ptr,  # [M, H] when HAS_MUL, unit column stride, rows mul_row_stride apart; else unread
+    mul_row_stride,
+    y_ptr,  # [M, H] contiguous, x's dtype: y, or out = y * mul when HAS_MUL
     rstd_ptr,  # [M, 3] fp32 (fp64 for fp64 x): rstd of x^3, x^2, x
     w_ptr,  # (3,) any float dtype, elements w_stride apart: [w0, w1, w2]
     w_stride,
@@ -117,18 +172,20 @@ def _poly_norm_fwd_kernel(
     BLOCK_M: tl.constexpr,  # rows per program
     BLOCK_H: tl.constexpr,  # columns per block: the whole row when ONE_BLOCK
     ONE_BLOCK: tl.constexpr,  # the row fits one block: x is read once
+    HAS_MUL: tl.constexpr,  # out = y * mul, formed in the accumulation dtype, rounded once
 ):
     ACC = rstd_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
     row_mask = rows < M
     x_rows = x_ptr + rows * x_row_stride  # per-row base pointers, 64-bit offsets
+    mul_rows = mul_ptr + rows * mul_row_stride
     y_rows = y_ptr + rows * H
     cols = tl.arange(0, BLOCK_H)
 
     # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
     if ONE_BLOCK:
         mask = row_mask[:, None] & (cols < H)[None, :]
-        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        x = _load_acc(x_rows, cols, mask, ACC)
         x2 = x * x
         x4 = x2 * x2
         s1 = tl.sum(x2, axis=1)
@@ -141,7 +198,7 @@ def _poly_norm_fwd_kernel(
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = row_mask[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc = _load_acc(x_rows, c, mask, ACC)
             xc2 = xc * xc
             xc4 = xc2 * xc2
             a1 += xc2
@@ -164,21 +221,25 @@ def _poly_norm_fwd_kernel(
     tl.store(rstd_rows + 2, r1, mask=row_mask)
 
     # Parameters are read here, in their own dtype: no host synchronisation.
-    k3 = (_to_acc(tl.load(w_ptr), ACC) * r3)[:, None]
-    k2 = (_to_acc(tl.load(w_ptr + w_stride), ACC) * r2)[:, None]
-    k1 = (_to_acc(tl.load(w_ptr + 2 * w_stride), ACC) * r1)[:, None]
+    w0 = _to_acc(tl.load(w_ptr), ACC)
+    w1 = _to_acc(tl.load(w_ptr + w_stride), ACC)
+    w2 = _to_acc(tl.load(w_ptr + 2 * w_stride), ACC)
     b = _to_acc(tl.load(b_ptr), ACC)
+    k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
 
-    # Output, Horner form: 3 FMAs per element.
+    # Output, Horner form; with HAS_MUL, times mul before the one rounding.
     if ONE_BLOCK:
-        y = tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b)
+        y = _poly_y(x, k1, k2, k3, b)
+        if HAS_MUL:
+            y = y * _load_acc(mul_rows, cols, mask, ACC)
         tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
     else:
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = row_mask[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-            y = tl.fma(xc, tl.fma(xc, tl.fma(xc, k3, k2), k1), b)
+            y = _poly_y(_load_acc(x_rows, c, mask, ACC), k1, k2, k3, b)
+            if HAS_MUL:
+                y = y * _load_acc(mul_rows, c, mask, ACC)
             tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
 
 
@@ -205,20 +266,25 @@ def _bwd_dx(x, g, c1, c2, c3, d1, d2, d3):
 
 @triton.jit(do_not_specialize=["M"])
 def _poly_norm_bwd_kernel(
-    g_ptr,  # [M, H] grad_y, unit column stride, rows g_row_stride apart (0 for an expand)
+    g_ptr,  # [M, H] grad_y (grad_out with HAS_MUL), unit column stride, rows g_row_stride apart (0 for an expand)
     g_row_stride,
+    mul_ptr,  # [M, H] when HAS_MUL, unit column stride, rows mul_row_stride apart; else unread
+    mul_row_stride,
     x_ptr,  # [M, H], unit column stride, rows x_row_stride apart
     x_row_stride,
     rstd_ptr,  # [M, 3] contiguous fp32 (fp64 for fp64 x): rstd of x^3, x^2, x
     w_ptr,  # (3,) any float dtype, elements w_stride apart: [w0, w1, w2]
     w_stride,
+    b_ptr,  # (1,) any float dtype, read when HAS_MUL (grad_mul recomputes y); else unread
     dx_ptr,  # [M, H] contiguous, x's dtype
+    dmul_ptr,  # [M, H] contiguous, x's dtype: grad_mul = grad_out * y when HAS_MUL; else unwritten
     partials_ptr,  # [num_programs, 4] rstd's dtype: this program's [dw0, dw1, dw2, db]
     M,
     H,
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
+    HAS_MUL: tl.constexpr,  # PolyNorm x mul: g = grad_out * mul drives dx, dw, db; grad_mul too
 ):
     ACC = partials_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -227,6 +293,8 @@ def _poly_norm_bwd_kernel(
     w0 = _to_acc(tl.load(w_ptr), ACC)
     w1 = _to_acc(tl.load(w_ptr + w_stride), ACC)
     w2 = _to_acc(tl.load(w_ptr + 2 * w_stride), ACC)
+    if HAS_MUL:
+        b = _to_acc(tl.load(b_ptr), ACC)
     inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
     cols = tl.arange(0, BLOCK_H)
     # This program's share of [dw0, dw1, dw2, db], one slot per tile row, summed at the end.
@@ -241,14 +309,16 @@ def _poly_norm_bwd_kernel(
         rows = tl.cast(tile, tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
         row_mask = rows < M
         g_rows = g_ptr + rows * g_row_stride  # per-row base pointers, 64-bit offsets
+        mul_rows = mul_ptr + rows * mul_row_stride
         x_rows = x_ptr + rows * x_row_stride
         dx_rows = dx_ptr + rows * H
+        dmul_rows = dmul_ptr + rows * H
 
         # S_1, S_2, S_3 and G per row, in one pass.
         if ONE_BLOCK:
             mask = row_mask[:, None] & (cols < H)[None, :]
-            x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
-            g = _to_acc(tl.load(g_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+            x = _load_acc(x_rows, cols, mask, ACC)
+            go, g = _load_grad(g_rows, mul_rows, cols, mask, ACC, HAS_MUL)
             gx = g * x
             gx2 = gx * x
             s1 = tl.sum(gx, axis=1)
@@ -263,8 +333,8 @@ def _poly_norm_bwd_kernel(
             for c0 in range(0, H, BLOCK_H):
                 c = c0 + cols
                 mask = row_mask[:, None] & (c < H)[None, :]
-                xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-                gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                xc = _load_acc(x_rows, c, mask, ACC)
+                _, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
                 gxc = gc * xc
                 gxc2 = gxc * xc
                 a1 += gxc
@@ -286,17 +356,25 @@ def _poly_norm_bwd_kernel(
         p_b += sg
 
         c1, c2, c3, d1, d2, d3 = _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h)
+        if HAS_MUL:
+            k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
         if ONE_BLOCK:
             dx = _bwd_dx(x, g, c1, c2, c3, d1, d2, d3)
             tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
+            if HAS_MUL:
+                dmul = go * _poly_y(x, k1, k2, k3, b)
+                tl.store(dmul_rows[:, None] + cols[None, :], _to_out(dmul, dmul_ptr.dtype.element_ty), mask=mask)
         else:
             for c0 in range(0, H, BLOCK_H):
                 c = c0 + cols
                 mask = row_mask[:, None] & (c < H)[None, :]
-                xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-                gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+                xc = _load_acc(x_rows, c, mask, ACC)
+                goc, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
                 dx = _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3)
                 tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
+                if HAS_MUL:
+                    dmul = goc * _poly_y(xc, k1, k2, k3, b)
+                    tl.store(dmul_rows[:, None] + c[None, :], _to_out(dmul, dmul_ptr.dtype.element_ty), mask=mask)
 
     out = partials_ptr + pid.to(tl.int64) * 4
     tl.store(out + 0, tl.sum(p_w0, axis=0))
@@ -345,6 +423,11 @@ def _poly_norm_bwd_param_kernel(
 # L2. Backward holds two tensors and four sums: 16 fp32 of each per thread (8192 columns;
 # 16384 in one block measured no faster, with spills).
 _ONE_BLOCK_BYTES = {"forward": 256, "backward": 64}
+# The fused PolyNorm x mul (HAS_MUL) runs with these same configurations. Its one-block
+# backward keeps grad_out beside x and g, and its forward loads mul for the output pass:
+# ptxas -v for sm_90a (bf16, compiled offline, not yet timed) gives its backward 116-150
+# registers per thread against PolyNorm's 80-120, without spills, and its forward at
+# H = 32768 148 bytes of spills against PolyNorm's 88.
 # Up to 16 warps (512 threads) per program: the cross-warp step of the reduction stays
 # short and two programs still fit one SM.
 _MAX_WARPS = 16
@@ -485,6 +568,12 @@ _FWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tenso
 _BWD_SCHEMA = (
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
 )
+# The schemas of the C++ ops polynorm::mul_forward and mul_backward (csrc/polynorm.cpp).
+_MUL_FWD_SCHEMA = "(Tensor x, Tensor mul, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor out, Tensor rstd)"
+_MUL_BWD_SCHEMA = (
+    "(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor rstd) -> "
+    "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)"
+)
 
 
 def _op(name: str, *, mutates_args, schema: str):
@@ -518,6 +607,8 @@ def _on_device_of(x: Tensor):
 
 _FWD = "polynorm.forward_triton"
 _BWD = "polynorm.backward_triton"
+_MUL_FWD = "polynorm.mul_forward_triton"
+_MUL_BWD = "polynorm.mul_backward_triton"
 
 
 def _forward_impl(x: Tensor, weight: Tensor, bias: Tensor, eps, launch) -> tuple[Tensor, Tensor]:
@@ -526,8 +617,21 @@ def _forward_impl(x: Tensor, weight: Tensor, bias: Tensor, eps, launch) -> tuple
     from :class:`PolyNormTritonFunction`, which launch the kernel directly)."""
     eps = check_forward_args(_FWD, x, weight, bias, eps)
     _check_runs_here(_FWD, x)
+    return _forward_launch(x, None, weight, bias, eps, launch)
 
+
+def _mul_forward_impl(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, launch) -> tuple[Tensor, Tensor]:
+    """The fused PolyNorm x mul forward op's body (see :func:`_forward_impl`)."""
+    eps = check_mul_forward_args(_MUL_FWD, x, mul, weight, bias, eps)
+    _check_runs_here(_MUL_FWD, x)
+    return _forward_launch(x, mul, weight, bias, eps, launch)
+
+
+def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch):
+    """(y or out, rstd) for checked arguments: out = y * mul when mul is given."""
     x_rows, M, H, x_row_stride = _as_rows(x)
+    # Without mul the kernel's mul arguments are x's: HAS_MUL=False never reads them.
+    mul_rows, _, _, mul_row_stride = (x_rows, M, H, x_row_stride) if mul is None else _as_rows(mul)
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty((M, 3), dtype=_acc_dtype(x.dtype), device=x.device)
     if M == 0:
@@ -535,11 +639,12 @@ def _forward_impl(x: Tensor, weight: Tensor, bias: Tensor, eps, launch) -> tuple
     w, w_stride = _flat(weight)
     b, _ = _flat(bias)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
-    if _launchable(x_rows, w, b):
+    if _launchable(x_rows, mul_rows, w, b):
         with _on_device_of(x):
             launch(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
-                x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
-                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+                x_rows, x_row_stride, mul_rows, mul_row_stride, y, rstd, w, w_stride, b, M, H, eps,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=mul is not None,
+                num_warps=num_warps,
             )  # fmt: skip
     return y, rstd
 
@@ -548,17 +653,39 @@ def _backward_impl(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, laun
     """The backward op's body (see :func:`_forward_impl` for ``launch``)."""
     check_backward_args(_BWD, grad_y, x, weight, rstd)
     _check_runs_here(_BWD, x)
-    acc = _acc_dtype(x.dtype)
+    grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, launch)
+    return grad_x, grad_weight, grad_bias
 
+
+def _mul_backward_impl(
+    grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, rstd: Tensor, launch
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The fused PolyNorm x mul backward op's body (see :func:`_forward_impl`)."""
+    check_mul_backward_args(_MUL_BWD, grad_out, x, mul, weight, bias, rstd)
+    _check_runs_here(_MUL_BWD, x)
+    return _backward_launch(grad_out, x, mul, weight, bias, rstd, launch)
+
+
+def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch):
+    """(grad_x, grad_mul, grad_weight, grad_bias) for checked arguments; grad_mul is None
+    without mul. With mul, grad_y is grad_out (of out = y * mul) and bias is needed: y is
+    recomputed for grad_mul."""
+    acc = _acc_dtype(x.dtype)
+    has_mul = mul is not None
     x_rows, M, H, x_row_stride = _as_rows(x)
     g_rows, _, _, g_row_stride = _as_rows(grad_y)
+    # Without mul the kernel's mul, bias and grad_mul arguments are inputs it already reads
+    # (grad_y, weight): HAS_MUL=False neither reads nor writes them.
+    mul_rows, _, _, mul_row_stride = _as_rows(mul) if has_mul else (g_rows, M, H, g_row_stride)
     grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device) if has_mul else None
     # grad_weight and grad_bias in the accumulation dtype: autograd rounds each to its
     # parameter's dtype.
     if M == 0:
-        return grad_x, x.new_zeros((3,), dtype=acc), x.new_zeros((1,), dtype=acc)
+        return grad_x, grad_mul, x.new_zeros((3,), dtype=acc), x.new_zeros((1,), dtype=acc)
     rstd_c = rstd.contiguous()  # [M, 3]: at most a tiny copy
     w, w_stride = _flat(weight)
+    b = _flat(bias)[0] if has_mul else w
     grad_weight = x.new_empty((3,), dtype=acc)
     grad_bias = x.new_empty((1,), dtype=acc)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
@@ -566,16 +693,17 @@ def _backward_impl(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor, laun
     # [max_programs, 4], of which the first num_programs rows are written and summed: a
     # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
     partials = torch.empty((max_programs, 4), dtype=acc, device=x.device)
-    if _launchable(x_rows, g_rows, w, rstd_c):
+    if _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
         with _on_device_of(x):
             launch(_poly_norm_bwd_kernel)[(num_programs,)](
-                g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, grad_x, partials, M, H,
-                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+                g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
+                grad_x, grad_mul if has_mul else g_rows, partials, M, H,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul, num_warps=num_warps,
             )  # fmt: skip
             launch(_poly_norm_bwd_param_kernel)[(1,)](
                 partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
             )
-    return grad_x, grad_weight, grad_bias
+    return grad_x, grad_mul, grad_weight, grad_bias
 
 
 @_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
@@ -646,6 +774,86 @@ def poly_norm_backward_triton(
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     return _backward_impl(grad_y, x, weight, rstd, wrap_triton)
+
+
+@_op("polynorm::mul_forward_triton", mutates_args=(), schema=_MUL_FWD_SCHEMA)
+def poly_norm_mul_forward_triton(
+    x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """Fused PolyNorm x mul forward in Triton:
+    ``torch.ops.polynorm.mul_forward_triton(x, mul, weight, bias, eps)``.
+
+    ``out = poly_norm(x) * mul``, the gated MLP's ``down(PolyNorm(gate(x)) * up(x))``, with
+    ``y = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b`` per row as in
+    :func:`poly_norm_forward_triton`. y is formed in fp32 (fp64 for fp64 x), multiplied by
+    mul there, and only the product is rounded, once, to x's dtype: y is never rounded on
+    its own. The same kernel as the PolyNorm forward, with HAS_MUL set.
+
+    Args:
+        x: ``(..., H)``, float32, float64, float16 or bfloat16, on a CUDA device (or the
+            CPU under ``TRITON_INTERPRET=1``).
+        mul: x's shape, dtype and device. x and mul each: rows with unit last-dim stride
+            and any row stride are read in place; other layouts are copied once.
+        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes.
+        bias: ``(1,)`` or ``()``, any of those dtypes.
+        eps: added to each mean square inside the square root; finite and >= 0.
+
+    Returns:
+        out: x's shape and dtype, contiguous.
+        rstd: ``(M, 3)`` with ``M = x.numel() // H``, columns ``[r_3, r_2, r_1]``; float32
+        (float64 for float64 x), as the PolyNorm forward's. Not differentiable.
+
+    Raises:
+        ValueError: eps negative, NaN or infinite.
+        RuntimeError: as :func:`poly_norm_forward_triton`, and mul not of x's shape, dtype
+            or device. Messages start ``polynorm.mul_forward_triton:`` and give the
+            expected and the actual value.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    return _mul_forward_impl(x, mul, weight, bias, eps, wrap_triton)
+
+
+@_op("polynorm::mul_backward_triton", mutates_args=(), schema=_MUL_BWD_SCHEMA)
+def poly_norm_mul_backward_triton(
+    grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Fused PolyNorm x mul backward in Triton:
+    ``torch.ops.polynorm.mul_backward_triton(grad_out, x, mul, weight, bias, rstd)``.
+
+    With ``g = grad_out * mul`` in fp32 (fp64 for fp64 x), never rounded, the PolyNorm
+    backward of :func:`poly_norm_backward_triton` runs on g unchanged::
+
+        grad_x = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+        grad_weight = [sum r_3 S_3, sum r_2 S_2, sum r_1 S_1],  grad_bias = [sum g]
+        grad_mul = grad_out * y
+
+    where y is recomputed from x, rstd, weight and bias in the forward's Horner form (the
+    same bits as the forward's y), and grad_mul is rounded once to x's dtype. The
+    parameter sums are added in a fixed order: the same bits on every run for a shape.
+
+    Args:
+        grad_out: x's shape and dtype; any layout (an expanded one, row stride 0, is read
+            in place).
+        x: ``(..., H)``, as for :func:`poly_norm_mul_forward_triton`.
+        mul: x's shape, dtype and device; any layout.
+        weight: ``(3,)`` ``[w0, w1, w2]``, any float dtype.
+        bias: ``(1,)`` or ``()``, any float dtype: y is recomputed for grad_mul.
+        rstd: ``(M, 3)`` from the forward, float32 (float64 for float64 x).
+
+    Returns:
+        grad_x, grad_mul: x's shape and dtype, contiguous. grad_weight ``(3,)`` and
+        grad_bias ``(1,)`` in the accumulation dtype, float32 (float64 for float64 x)
+        (zeros when M = 0); autograd rounds each to its parameter's dtype.
+
+    Raises:
+        RuntimeError: as :func:`poly_norm_backward_triton`; mul not of x's shape, dtype and
+            device; bias not one float element on x's device. Messages start
+            ``polynorm.mul_backward_triton:``.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    return _mul_backward_impl(grad_out, x, mul, weight, bias, rstd, wrap_triton)
 
 
 def _launch_directly(kernel):
@@ -727,3 +935,4 @@ class PolyNormTritonFunction(torch.autograd.Function):
 
 
 register_autograd("polynorm::forward_triton", torch.ops.polynorm.backward_triton.default)
+register_mul_autograd("polynorm::mul_forward_triton", torch.ops.polynorm.mul_backward_triton.default)

@@ -4,7 +4,13 @@ On a machine without CUDA the Triton kernels run on CPU tensors in Triton's inte
 (tests/conftest.py turns it on); the GPU checks skip there with a reason.
 """
 
+import functools
 import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,10 +19,13 @@ from _matrix import (
     INTERPRET,
     DTYPES,
     HAS_CUDA,
+    _same_layout_leaf,
     check_against_oracle,
     closed_form,
+    compute_eps,
     make_params,
     make_rows,
+    rel_l2,
     requires_cuda,
     requires_interpreter,
     seed_for,
@@ -25,6 +34,9 @@ from _matrix import (
 triton_kernels = pytest.importorskip("polynorm.triton_kernels", reason="needs the triton package")
 
 import polynorm  # noqa: E402
+from polynorm import reference  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DEVICES = [pytest.param("cpu", marks=requires_interpreter), pytest.param("cuda", marks=requires_cuda)]
 
@@ -331,3 +343,458 @@ def test_torch_compile():
 def test_interpreter_matches_environment():
     # conftest turns the interpreter on exactly when there is no CUDA device.
     assert triton_kernels._interpreted() == (not HAS_CUDA or INTERPRET)
+
+
+# =======================================================================================
+# Fused PolyNorm x mul: torch.ops.polynorm.mul_forward_triton / mul_backward_triton
+# =======================================================================================
+# out = poly_norm(x) * mul, formed in fp32 (fp64) and rounded once; the backward runs
+# PolyNorm's with g = grad_out * mul (never rounded) and grad_mul = grad_out * y. The ops
+# are called directly here (polynorm.poly_norm_mul(backend="triton") calls the same op;
+# tests/test_mul.py runs the public API over every backend).
+
+MUL_FWD, MUL_BWD = "mul_forward_triton", "mul_backward_triton"
+
+
+def _mul_fn(x, mul, w, b, eps):
+    return torch.ops.polynorm.mul_forward_triton(x, mul, w, b, eps)[0]
+
+
+# --- the fused op's oracle check, from _matrix's pieces ----------------------------------
+# float64 oracle: reference.poly_norm_mul differentiated by autograd. The rounding floor of
+# out, dx and dmul is the error of the fp32 reference rounded once to x's dtype; the bound is
+# 1.05x that plus 16 units of accumulation roundoff times the terms' scale, as in
+# _matrix.check_against_oracle (whose docstring gives the reasons).
+# (After the merge with the API branch, _matrix.check_against_oracle_mul may replace this.)
+
+
+@dataclass
+class _MulGrads:
+    out: torch.Tensor
+    dx: torch.Tensor
+    dmul: torch.Tensor
+    dw: torch.Tensor
+    db: torch.Tensor
+
+
+def _leaf(t):
+    # A leaf that keeps t's layout (so the kernels see it); an expanded t (row stride 0)
+    # cannot be copied into, so it is its own detached view.
+    if any(s == 0 and n > 1 for s, n in zip(t.stride(), t.shape)):
+        return t.detach().requires_grad_(True)
+    return t.detach().clone().requires_grad_(True) if t.is_contiguous() else _same_layout_leaf(t)
+
+
+def _mul_autograd(fn, x, mul, g, w, b, eps, leaf=_leaf) -> _MulGrads:
+    leaves = [leaf(x), leaf(mul), w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)]
+    out = fn(*leaves, eps)
+    return _MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
+
+
+def _mul_reference(x, mul, g, w, b, eps, compute_dtype) -> _MulGrads:
+    if compute_dtype == torch.float64:
+        x, mul, g, w, b = (t.double() for t in (x, mul, g, w, b))
+    fn = functools.partial(reference.poly_norm_mul, compute_dtype=compute_dtype)
+    return _mul_autograd(fn, x, mul, g, w, b, eps, leaf=lambda t: t.detach().clone().requires_grad_(True))
+
+
+def _mul_scales(x, mul, g, w, b, eps) -> _MulGrads:
+    # closed_form's scales with the gradient g * mul; out = y * mul and dmul = g * y.
+    x2 = x.double().reshape(-1, x.shape[-1])
+    m = mul.double().reshape_as(x2)
+    g2 = g.double().reshape_as(x2)
+    _, scale = closed_form(x2, g2 * m, w, b, eps)
+    return _MulGrads(scale.y * m.abs(), scale.dx, g2.abs() * scale.y, scale.dw, scale.db)
+
+
+def _check_mul(got: _MulGrads, x, mul, g, w, b, eps, what=""):
+    oracle = _mul_reference(x, mul, g, w, b, eps, torch.float64)
+    ref32 = _mul_reference(x, mul, g, w, b, eps, torch.float32)
+    scale = _mul_scales(x, mul, g, w, b, eps)
+    u = compute_eps(x.dtype)
+    for name in ("out", "dx", "dmul"):
+        out, exp = getattr(got, name), getattr(oracle, name)
+        assert out.shape == x.shape and out.dtype == x.dtype, (what, name, out.shape, out.dtype)
+        assert torch.isfinite(out).all(), f"{what} {name}: non-finite values (an unwritten, poisoned output?)"
+        err = rel_l2(out, exp)
+        floor = rel_l2(getattr(ref32, name), exp)
+        slack = 16 * u * getattr(scale, name).norm().item() / max(exp.double().norm().item(), 1e-300)
+        bound = 1.05 * floor + slack
+        assert err <= bound, f"{what} {name}: rel L2 error {err:.3e} > bound {bound:.3e} (fp32 reference {floor:.3e})"
+    for name in ("dw", "db"):
+        out = getattr(got, name).double().reshape(-1)
+        exp = getattr(oracle, name).double().reshape(-1)
+        sc = getattr(scale, name).double().reshape(-1).to(exp.device)
+        u_out = torch.finfo(getattr(got, name).dtype).eps / 2
+        tol = (1e-5 + u_out) * exp.abs() + 16 * u * sc * math.log2(max(2, x.numel()))
+        assert torch.all((out - exp).abs() <= tol), f"{what} {name}: got {out.tolist()}, expected {exp.tolist()}"
+
+
+# --- inputs ------------------------------------------------------------------------------
+
+
+def _rows(M, H, dtype, device, layout, gen):
+    if layout == "expand":  # one row broadcast to M: row stride 0, read in place
+        return make_rows(1, H, dtype, device, "contiguous", gen).expand(M, H)
+    return make_rows(M, H, dtype, device, layout, gen)
+
+
+def _mul_inputs(key, M, H, dtype, device, layouts=("contiguous",) * 3, param_dtype=torch.float32):
+    """x, mul, grad_out (each in its own layout of LAYOUTS, or "expand"), weight, bias."""
+    gen = torch.Generator().manual_seed(seed_for("triton_mul", key, M, H, dtype, device, layouts, param_dtype))
+    x, mul, g = (_rows(M, H, dtype, device, layout, gen) for layout in layouts)
+    w, b = make_params(param_dtype, device, gen)
+    return x, mul, g, w, b
+
+
+@pytest.fixture
+def poison(monkeypatch):
+    """Every float tensor that torch.empty or Tensor.new_empty allocates while the test runs
+    is filled with NaN: an output element the kernels fail to write fails the finiteness
+    check (and a partial the parameter kernel reads but no program wrote makes dw NaN)."""
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
+
+    def poisoned(t):
+        if t.is_floating_point() and t.device.type != "meta":
+            t.fill_(float("nan"))
+        return t
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: poisoned(empty(*a, **k)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: poisoned(new_empty(self, *a, **k)))
+
+
+def _mul_case(device, M, H, dtype, layouts=("contiguous",) * 3, param_dtype=torch.float32, key=""):
+    x, mul, g, w, b = _mul_inputs(key, M, H, dtype, device, layouts, param_dtype)
+    got = _mul_autograd(_mul_fn, x, mul, g, w, b, 1e-6)
+    _check_mul(got, x, mul, g, w, b, 1e-6, what=f"triton mul {device} M={M} H={H} {dtype} {layouts}")
+
+
+# --- parity with the float64 oracle ------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H", [1, 3, 8, 127, pytest.param(769, marks=pytest.mark.smoke), 4096])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_parity(device, H, dtype, poison):
+    _mul_case(device, 7, H, dtype, key="parity")
+
+
+# (x, mul, grad_out) layouts: each misaligned or strided on its own, copied layouts, a
+# broadcast row, and 3-D/4-D inputs whose leading dims collapse into one row stride.
+MUL_LAYOUTS = [
+    ("misaligned", "contiguous", "contiguous"),
+    ("contiguous", "misaligned", "contiguous"),
+    ("contiguous", "contiguous", "misaligned"),
+    ("sliced", "transposed", "sliced"),
+    ("transposed", "sliced", "contiguous"),
+    ("contiguous", "expand", "expand"),
+    ("3d", "3d", "3d"),
+    ("4d", "4d", "contiguous"),
+]
+
+
+def _same_shape(layouts):
+    # make_rows' 3d/4d give other logical shapes: grad_out follows x's there.
+    return tuple(layouts[0] if layout == "contiguous" and layouts[0] in ("3d", "4d") else layout for layout in layouts)
+
+
+@pytest.mark.parametrize("layouts", [_same_shape(lay) for lay in MUL_LAYOUTS], ids="-".join)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_layouts(device, dtype, layouts, poison):
+    x, mul, g, w, b = _mul_inputs("layouts", 5, 127, dtype, device, layouts)
+    got = _mul_autograd(_mul_fn, x, mul, g, w, b, 1e-6)
+    _check_mul(got, x, mul, g, w, b, 1e-6, what=f"triton mul {device} {dtype} {layouts}")
+
+
+@pytest.mark.parametrize("param_dtype", [torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_param_dtypes(device, dtype, param_dtype, poison):
+    _mul_case(device, 9, 769, dtype, param_dtype=param_dtype, key="param_dtypes")
+
+
+# The column loop (a row walked twice in blocks of BLOCK_H), forced with small H by a lowered
+# one-block limit, as test_parity.test_triton_column_blocks does for PolyNorm; H = 32769 passes
+# the real limits (a partial last block in each case).
+@pytest.mark.parametrize("layouts", [("contiguous",) * 3, ("sliced", "misaligned", "expand")], ids="-".join)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H,max_one_block", [(769, 256), (5125, 1024), (32769, None)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_column_blocks(device, H, max_one_block, dtype, layouts, monkeypatch, poison):
+    monkeypatch.setattr(triton_kernels, "_MAX_ONE_BLOCK_OVERRIDE", max_one_block)
+    for direction in ("forward", "backward"):
+        assert not triton_kernels._launch_config(H, dtype, direction)[2], (H, dtype, direction, "fits one block")
+    x, mul, g, w, b = _mul_inputs("column_blocks", 3, H, dtype, device, layouts)
+    got = _mul_autograd(_mul_fn, x, mul, g, w, b, 1e-6)
+    _check_mul(got, x, mul, g, w, b, 1e-6, what=f"triton mul column blocks {device} H={H} {dtype} {layouts}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,H", [(1, 8192), (83, 769), (512, 4096), (64, 16385), (4, 65536), (2048, 1024)])
+def test_mul_gpu_shapes(M, H, dtype, poison):
+    _mul_case("cuda", M, H, dtype, key="gpu_shapes")
+
+
+# --- the same kernels as PolyNorm's: bitwise -----------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H,max_one_block", [(127, None), (769, 256)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_reduces_to_poly_norm_bitwise(device, H, max_one_block, dtype, monkeypatch):
+    # With mul = 1, out = round(y * 1) is PolyNorm's y and g = grad_out * 1 is grad_out: the
+    # fused ops must give forward_triton's y and rstd and backward_triton's dx, dw, db bit
+    # for bit. With grad_out = 1, grad_mul = round(1 * y) is y: the backward recomputes y
+    # from x and rstd in the forward's exact Horner form. (Both paths: one block and columns.)
+    monkeypatch.setattr(triton_kernels, "_MAX_ONE_BLOCK_OVERRIDE", max_one_block)
+    x, mul, g, w, b = _mul_inputs("bitwise", 6, H, dtype, device)
+    ones = torch.ones_like(x)
+    y, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    out, rstd_mul = torch.ops.polynorm.mul_forward_triton(x, ones, w, b, 1e-6)
+    assert torch.equal(out, y) and torch.equal(rstd_mul, rstd)
+    assert torch.equal(torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)[1], rstd)
+    dx, dw, db = torch.ops.polynorm.backward_triton(g, x, w, rstd)
+    dx_mul, _, dw_mul, db_mul = torch.ops.polynorm.mul_backward_triton(g, x, ones, w, b, rstd)
+    assert torch.equal(dx_mul, dx) and torch.equal(dw_mul, dw) and torch.equal(db_mul, db)
+    dmul_y = torch.ops.polynorm.mul_backward_triton(ones, x, mul, w, b, rstd)[1]
+    assert torch.equal(dmul_y, y)
+
+
+# --- empty inputs, autograd wiring, errors -----------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0, 16), (2, 0, 16)])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_empty(device, shape):
+    x = torch.randn(shape, device=device, requires_grad=True)
+    mul = torch.randn(shape, device=device, requires_grad=True)
+    w = torch.randn(3, device=device, requires_grad=True)
+    b = torch.randn(1, device=device, requires_grad=True)
+    out, rstd = torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)
+    assert out.shape == shape and out.dtype == x.dtype and rstd.shape == (0, 3) and rstd.dtype == torch.float32
+    dx, dmul, dw, db = torch.autograd.grad(out, (x, mul, w, b), torch.randn(shape, device=device))
+    assert dx.shape == shape and dmul.shape == shape
+    assert torch.equal(dw, torch.zeros(3, device=device)) and torch.equal(db, torch.zeros(1, device=device))
+
+
+@pytest.mark.parametrize("needs", ["x", "mul", "weight", "bias", "weight+bias"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_needs_input_grad(device, needs):
+    x, mul, g, w, b = _mul_inputs(("needs", needs), 6, 100, torch.float32, device, param_dtype=torch.bfloat16)
+    b = b.reshape(())  # grad_bias comes back in bias's shape and dtype
+    for name, t in (("x", x), ("mul", mul), ("weight", w), ("bias", b)):
+        t.requires_grad_(name in needs.split("+"))
+    out = torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)[0]
+    out.backward(g)
+    assert (x.grad is not None) == ("x" in needs) and (mul.grad is not None) == ("mul" in needs)
+    if "weight" in needs:
+        assert w.grad.dtype == torch.bfloat16 and w.grad.shape == (3,)
+    if "bias" in needs:
+        assert b.grad.dtype == torch.bfloat16 and b.grad.shape == ()
+    ref = reference.poly_norm_mul(x.detach(), mul, w.detach(), b.detach(), 1e-6)
+    torch.testing.assert_close(out.detach(), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_errors(device):
+    x = torch.randn(4, 8, device=device)
+    w = torch.randn(3, device=device)
+    b = torch.randn(1, device=device)
+    r = torch.ones(4, 3, device=device)
+    cases = [
+        (MUL_FWD, (x, x[:, :7], w, b, 1e-6), RuntimeError, "mul to have x's shape [4, 8], got [4, 7]"),
+        (MUL_FWD, (x, x.double(), w, b, 1e-6), RuntimeError, "mul to have x's dtype torch.float32, got torch.float64"),
+        (MUL_FWD, (x.int(), x.int(), w, b, 1e-6), RuntimeError, "x to be float32, float64, float16 or bfloat16"),
+        (MUL_FWD, (x, x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "3 elements [w0, w1, w2], got 4"),
+        (MUL_FWD, (x, x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (MUL_FWD, (x, x, w, b, -1.0), ValueError, "finite and >= 0, got -1.0"),
+        (MUL_BWD, (x, x, x[:, :7], w, b, r), RuntimeError, "mul to have x's shape [4, 8], got [4, 7]"),
+        (MUL_BWD, (x, x, x.half(), w, b, r), RuntimeError, "mul to have x's dtype torch.float32, got torch.float16"),
+        # (The shared Python check names grad_out "grad_y", as the PolyNorm backward's does.)
+        (MUL_BWD, (x.double(), x, x, w, b, r), RuntimeError, "to have x's dtype torch.float32, got torch.float64"),
+        (MUL_BWD, (x, x, x, w, torch.randn(2, device=device), r), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (MUL_BWD, (x, x, x, w, b.int(), r), RuntimeError, "expected bias to be float32"),
+        (MUL_BWD, (x, x, x, w, b, torch.ones(5, 3, device=device)), RuntimeError, "rstd of shape [4, 3]"),
+    ]
+    if device == "cuda":
+        cases += [
+            (MUL_FWD, (x, x.cpu(), w, b, 1e-6), RuntimeError, "expected mul on x's device"),
+            (MUL_BWD, (x, x, x.cpu(), w, b, r), RuntimeError, "expected mul on x's device"),
+            (MUL_BWD, (x, x, x, w, b.cpu(), r), RuntimeError, "expected bias on x's device"),
+            (MUL_FWD, (x.cpu(), x.cpu(), w.cpu(), b.cpu(), 1e-6), RuntimeError, "expected x on a CUDA device"),
+        ]
+    for op, args, error, text in cases:
+        with pytest.raises(error) as info:
+            getattr(torch.ops.polynorm, op)(*args)
+        message = str(info.value)
+        assert message.startswith(f"polynorm.{op}: expected "), message
+        assert text in message, message
+
+
+# --- opcheck, determinism, batch invariance ----------------------------------------------
+
+
+def _mul_op_samples(device):
+    samples = []
+    for i, (shape, dtype, layouts, param_dtype) in enumerate(
+        [
+            ((4, 33), torch.float32, ("contiguous", "misaligned", "contiguous"), torch.float32),
+            ((3, 64), torch.bfloat16, ("sliced", "contiguous", "sliced"), torch.float32),
+            ((2, 3, 40), torch.float16, ("contiguous",) * 3, torch.bfloat16),
+            ((5, 17), torch.float64, ("transposed", "sliced", "contiguous"), torch.float64),
+        ]
+    ):
+        M, H = math.prod(shape[:-1]), shape[-1]
+        x, mul, g, w, b = _mul_inputs(("opcheck", i), M, H, dtype, device, layouts, param_dtype)
+        x, mul, g = x.reshape(shape), mul.reshape(shape), g.reshape(shape)
+        if i == 2:
+            b = b.reshape(())
+        samples.append((x, mul, g, w, b))
+    return samples
+
+
+# Under the interpreter the ops are opaque custom ops, so AOT dispatch runs them too.
+MUL_OPCHECK_TESTS = {
+    "cpu": OPCHECK_TESTS["cpu"] + ("test_aot_dispatch_dynamic",),
+    "cuda": OPCHECK_TESTS["cuda"],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_opcheck(device):
+    tests = MUL_OPCHECK_TESTS[device]
+    for x, mul, g, w, b in _mul_op_samples(device):
+        for requires_grad in (False, True):
+            args = tuple(t.detach().requires_grad_(requires_grad) for t in (x, mul, w)) + (b, 1e-6)
+            torch.library.opcheck(torch.ops.polynorm.mul_forward_triton.default, args, test_utils=tests)
+        _, rstd = torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)
+        torch.library.opcheck(
+            torch.ops.polynorm.mul_backward_triton.default, (g, x, mul, w, b, rstd), test_utils=tests
+        )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("device", DEVICES)
+def test_mul_backward_deterministic(device, dtype):
+    # Many rows, so that the persistent programs each take several tiles and the partials
+    # of dw and db have many terms: the same bits on every run.
+    M, H = (300, 64) if device == "cpu" else (20000, 1024)
+    x, mul, g, w, b = _mul_inputs("determinism", M, H, dtype, device)
+    _, rstd = torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)
+    first = torch.ops.polynorm.mul_backward_triton(g, x, mul, w, b, rstd)
+    for _ in range(2):
+        again = torch.ops.polynorm.mul_backward_triton(g, x, mul, w, b, rstd)
+        for a, c in zip(first, again):
+            assert torch.equal(a, c)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("H", [127, 4096, 16385])
+def test_mul_batch_invariance(H, dtype):
+    # A row's out and grads are bitwise the same alone and at any position in a batch.
+    gen = torch.Generator().manual_seed(seed_for("mul_batch_invariance", H, dtype))
+    w, b = make_params(torch.float32, "cuda", gen)
+    row = [torch.randn(1, H, generator=gen).to(dtype).cuda() for _ in range(3)]  # x, mul, grad_out
+    alone_out, alone_rstd = torch.ops.polynorm.mul_forward_triton(row[0], row[1], w, b, 1e-6)
+    alone_grads = torch.ops.polynorm.mul_backward_triton(row[2], row[0], row[1], w, b, alone_rstd)
+    for M in (1, 255, 256, 257):
+        batch = [torch.randn(M, H, generator=gen).to(dtype).cuda() for _ in range(3)]
+        at = M // 2
+        for t, r in zip(batch, row):
+            t[at] = r[0]
+        out, rstd = torch.ops.polynorm.mul_forward_triton(batch[0], batch[1], w, b, 1e-6)
+        dx, dmul, _, _ = torch.ops.polynorm.mul_backward_triton(batch[2], batch[0], batch[1], w, b, rstd)
+        assert torch.equal(out[at], alone_out[0]), (M, H, dtype)
+        assert torch.equal(dx[at], alone_grads[0][0]) and torch.equal(dmul[at], alone_grads[1][0]), (M, H, dtype)
+
+
+# --- GPU: CUDA vs Triton, torch.compile ------------------------------------------------------
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("M,H", [(7, 1), (83, 769), (512, 4096), (64, 16385), (4, 65536)])
+def test_mul_cuda_triton_parity(M, H, dtype):
+    x, mul, g, w, b = _mul_inputs("cuda_parity", M, H, dtype, "cuda")
+
+    def cuda_fn(x, mul, w, b, eps):
+        return torch.ops.polynorm.mul_forward(x, mul, w, b, eps)[0]
+
+    outs = {name: _mul_autograd(fn, x, mul, g, w, b, 1e-6) for name, fn in (("cuda", cuda_fn), ("triton", _mul_fn))}
+    for name, got in outs.items():
+        _check_mul(got, x, mul, g, w, b, 1e-6, what=f"{name} M={M} H={H} {dtype}")
+    if dtype in (torch.float32, torch.float64):
+        return  # as in test_cuda_triton_parity: the sums' order alone moves these by ulps
+    scale = _mul_scales(x, mul, g, w, b, 1e-6)
+    for name in ("out", "dx", "dmul"):
+        cuda, triton_out = getattr(outs["cuda"], name), getattr(outs["triton"], name)
+        frac = _within_ulps_fraction(cuda, triton_out, getattr(scale, name), 2)
+        assert frac >= 0.999, f"{name}: only {frac:.5f} of elements within 2 ulps of {dtype} (M={M}, H={H})"
+
+
+@requires_cuda
+def test_mul_torch_compile():
+    x, mul, g, w, b = _mul_inputs("compile", 64, 1024, torch.bfloat16, "cuda")
+    eager = _mul_autograd(_mul_fn, x, mul, g, w, b, 1e-6)
+    compiled = _mul_autograd(torch.compile(_mul_fn, fullgraph=True), x, mul, g, w, b, 1e-6)
+    for name in ("out", "dx", "dmul", "dw", "db"):
+        torch.testing.assert_close(getattr(compiled, name), getattr(eager, name), rtol=0, atol=0, msg=name)
+
+
+_MUL_TRACE_CHILD = """
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+from polynorm import triton_kernels
+
+assert not triton_kernels._interpreted(), "TRITON_INTERPRET must be unset"
+graphs = []
+
+
+class Traced(Exception):
+    pass
+
+
+def capture(gm, example_inputs):  # keeps the traced graph; there is no GPU to run it on
+    graphs.append(gm)
+
+    def run(*args):
+        raise Traced
+
+    return run
+
+
+def f(x, mul, w, b):
+    return torch.ops.polynorm.mul_forward_triton(x, mul, w, b, 1e-6)[0]
+
+
+w, b = torch.randn(3, requires_grad=True), torch.randn(1, requires_grad=True)
+backend = aot_autograd(fw_compiler=capture, bw_compiler=capture)
+compiled = torch.compile(f, backend=backend, fullgraph=True, dynamic=True)
+with torch._dynamo.config.patch(error_on_recompile=True):
+    for rows in (5, 7, 300, 3000):
+        try:
+            compiled(torch.randn(rows, 16, requires_grad=True), torch.randn(rows, 16, requires_grad=True), w, b)
+        except Traced:
+            pass
+wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
+print("LAUNCHES", [sum(node.target is wrapper for node in gm.graph.nodes) for gm in graphs])
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU test_mul_torch_compile compiles and runs the ops themselves")
+def test_mul_gpu_path_traces_with_dynamic_batch():
+    # On a GPU the mul ops are triton_ops: torch.compile traces their body with symbolic
+    # shapes and records each launch (see test_pt2.test_triton_gpu_path_traces_with_dynamic_batch).
+    # Traced without a GPU, in a process without the interpreter: one forward graph with one
+    # launch, one backward graph with two, and no recompile as M grows.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    child = subprocess.run(
+        [sys.executable, "-c", _MUL_TRACE_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert child.returncode == 0, child.stdout + child.stderr
+    assert "LAUNCHES [1, 2]" in child.stdout, child.stdout + child.stderr
