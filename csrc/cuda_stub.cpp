@@ -25,11 +25,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_not_built(const at::Tens
   not_built("polynorm.backward");
 }
 
+std::tuple<at::Tensor, at::Tensor> grouped_forward_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             const at::Tensor&, double) {
+  not_built("polynorm.grouped_forward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_backward_not_built(const at::Tensor&, const at::Tensor&,
+                                                                          const at::Tensor&, const at::Tensor&,
+                                                                          const at::Tensor&) {
+  not_built("polynorm.grouped_backward");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("forward", &forward_not_built);
   m.impl("backward", &backward_not_built);
+  m.impl("grouped_forward", &grouped_forward_not_built);
+  m.impl("grouped_backward", &grouped_backward_not_built);
 }
 
 }  // namespace polynorm

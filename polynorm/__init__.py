@@ -16,6 +16,7 @@ from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm import reference
 from polynorm.module import PolyNorm
 from polynorm.ops import BACKENDS, poly_norm
+from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped  # noqa: F401  (mixture of experts)
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
