@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from polynorm import reference
 from polynorm._common import check_eps, refuse_double_backward, rstd_dtype
+from polynorm.ops import BACKENDS
 from polynorm.reference import check_grouped_backward_args, check_grouped_forward_args
 
 try:  # registers torch.ops.polynorm.grouped_forward_triton and grouped_backward_triton
@@ -27,8 +28,6 @@ except ImportError as _error:  # Triton is optional: every other backend works w
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
 __all__ = ["GroupedPolyNorm", "poly_norm_grouped"]
-
-BACKENDS = ("auto", "cuda", "triton", "reference")
 
 
 @torch.library.register_fake("polynorm::grouped_forward")
@@ -157,7 +156,8 @@ def poly_norm_grouped(
             ``offsets = cumsum(counts)`` is formed on the device. Exactly one of offsets and
             counts.
         eps: added to each mean square inside the square root; a real number (Python or NumPy
-            int or float, one-element real tensor; not a bool), finite and >= 0.
+            int or float, one-element real tensor; not a bool), finite and >= 0. Under
+            torch.compile, a Python number (a graph constant).
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors: ``torch.ops.polynorm.grouped_forward``), ``"cuda"`` (x must be on a CUDA
             device), ``"triton"`` (``torch.ops.polynorm.grouped_forward_triton``; CPU tensors

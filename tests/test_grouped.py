@@ -7,6 +7,7 @@ Expert e owns rows [offsets[e-1], offsets[e]) of x (flattened to (M, H)); rows a
 offsets[E-1] belong to no expert (y = 0, grad_x = 0, never read).
 """
 
+import contextlib
 import math
 import os
 import re
@@ -24,7 +25,6 @@ from _matrix import (
     BACKENDS,
     DEVICES,
     DTYPES,
-    HAS_CUDA,
     LAYOUTS,
     Grads,
     _same_layout_leaf,
@@ -67,13 +67,35 @@ def offsets_of(counts, device, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(dtype).to(device)
 
 
+@contextlib.contextmanager
+def poisoned_outputs():
+    """Every torch.empty / at::empty inside (the ops' outputs, rstd, the row partials) comes
+    back filled with NaN, so an element a kernel fails to write shows up (as a NaN, or as a
+    nonzero where a 0 is expected). torch's deterministic mode does the filling; warn_only, as
+    only the filling is wanted."""
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
+
+
 def run_grouped(backend, x, g, w, b, offsets=None, counts=None, eps=EPS) -> Grads:
-    """y, dx, dw, db from poly_norm_grouped and autograd (x keeps its layout)."""
+    """y, dx, dw, db from poly_norm_grouped and autograd (x keeps its layout), with every
+    buffer the ops allocate poisoned first."""
     x_ = x.detach().clone().requires_grad_(True) if x.is_contiguous() else _same_layout_leaf(x)
     w_ = w.detach().clone().requires_grad_(True)
     b_ = b.detach().clone().requires_grad_(True)
-    y = polynorm.poly_norm_grouped(x_, w_, b_, offsets, counts=counts, eps=eps, backend=backend)
-    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
+    with poisoned_outputs():
+        y = polynorm.poly_norm_grouped(x_, w_, b_, offsets, counts=counts, eps=eps, backend=backend)
+        dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
     return Grads(y.detach(), dx, dw, db)
 
 
@@ -267,8 +289,9 @@ def test_cpu_op_bitwise_single_expert_op_per_expert():
     g = make_rows(sum(counts) + 4, 300, torch.bfloat16, device, "sliced", gen)
     w, b = make_experts(len(counts), torch.float32, device, gen)
     offsets = offsets_of(counts, device)
-    y, rstd = torch.ops.polynorm.grouped_forward(x, w, b, offsets, EPS)
-    dx, dw, db = torch.ops.polynorm.grouped_backward(g, x, w, offsets, rstd)
+    with poisoned_outputs():
+        y, rstd = torch.ops.polynorm.grouped_forward(x, w, b, offsets, EPS)
+        dx, dw, db = torch.ops.polynorm.grouped_backward(g, x, w, offsets, rstd)
     for e, rows in _segments(counts):
         y_e, rstd_e = torch.ops.polynorm.forward(x[rows], w[e], b[e].reshape(1), EPS)
         dx_e, dw_e, db_e = torch.ops.polynorm.backward(g[rows], x[rows], w[e], rstd_e)
@@ -300,6 +323,10 @@ def test_rows_of_no_expert_are_not_read(device, backend):
     xv, gv = x[: sum(counts)], g[: sum(counts)]
     inner = Grads(out.y[: sum(counts)], out.dx[: sum(counts)], out.dw, out.db)
     check_grouped(inner, xv, gv, w, b, counts, what=f"{backend} padding")
+    if backend in OPS:  # the rstd cache: 0 on rows of no expert, finite elsewhere
+        with poisoned_outputs():
+            _, rstd = getattr(torch.ops.polynorm, OPS[backend][0])(x, w, b, offsets_of(counts, device), EPS)
+        assert not rstd[sum(counts) :].any() and torch.isfinite(rstd).all()
 
 
 @pytest.mark.parametrize("shape", [(0, 16), (0, 3, 16)])
@@ -392,8 +419,9 @@ def test_param_grads_deterministic_and_independent_of_other_experts(device, back
     g = make_rows(M, H, torch.bfloat16, device, "contiguous", gen)
     w, b = make_experts(len(counts), torch.float32, device, gen)
     offsets = offsets_of(counts, device)
-    _, rstd = fwd(x, w, b, offsets, EPS)
-    runs = [bwd(g, x, w, offsets, rstd) for _ in range(3)]
+    with poisoned_outputs():
+        _, rstd = fwd(x, w, b, offsets, EPS)
+        runs = [bwd(g, x, w, offsets, rstd) for _ in range(3)]
     for other in runs[1:]:
         for got, exp in zip(other, runs[0]):
             assert torch.equal(got, exp)
@@ -750,6 +778,28 @@ def test_compile_fullgraph_matches_eager(device, backend, use_counts):
     for name in ("dx", "dw", "db"):
         torch.testing.assert_close(getattr(comp, name), getattr(eager, name), msg=lambda m: f"{name}: {m}")
     check_grouped(comp, x, g, w, b, [3, 0, 6, 1], eps=module.eps, what=f"compiled {device} {backend}")
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device,backend", COMPILE_CASES)
+def test_compile_dynamic_rows_no_recompile(device, backend):
+    # With a dynamic number of rows (and new group sizes) the compiled graph is reused: the
+    # fake kernels take symbolic shapes, and nothing guards on M or on the offsets' values.
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(seed_for("grouped-dynamic", device, backend))
+    module = polynorm.GroupedPolyNorm(3, device=device, backend=backend)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for counts in ([2, 0, 3], [5, 4, 0], [1, 9, 7]):
+            M = sum(counts) + 1
+            x = make_rows(M, 48, torch.float32, device, "contiguous", gen).requires_grad_(True)
+            counts = torch.tensor(counts, device=device)
+            y = compiled(x, counts=counts)
+            y_e = module(x, counts=counts)
+            torch.testing.assert_close(y, y_e)
+            (dx,) = torch.autograd.grad(y.sum(), x)
+            (dx_e,) = torch.autograd.grad(y_e.sum(), x)
+            torch.testing.assert_close(dx, dx_e)
     torch._dynamo.reset()
 
 
