@@ -56,9 +56,10 @@ def _cuda_include_dirs() -> list[str]:
 
 def extensions():
     sources = [f"{CSRC}/polynorm.cpp", f"{CSRC}/polynorm_cpu.cpp", f"{CSRC}/polynorm_autograd.cpp", f"{CSRC}/python_module.cpp"]
+    sources.append(f"{CSRC}/polynorm_grouped_cpu.cpp")
     cxx_flags = ["-O3"]
     if _build_cuda():
-        sources += [f"{CSRC}/polynorm_cuda.cu", f"{CSRC}/polynorm_mul_cuda.cu"]
+        sources += [f"{CSRC}/polynorm_cuda.cu", f"{CSRC}/polynorm_mul_cuda.cu", f"{CSRC}/polynorm_grouped_cuda.cu"]
         nvcc_flags = ["-O3", "-lineinfo"]
         if os.environ.get("POLYNORM_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")

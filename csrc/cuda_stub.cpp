@@ -39,6 +39,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mul_backward_not_buil
   not_built("polynorm.mul_backward");
 }
 
+std::tuple<at::Tensor, at::Tensor> grouped_forward_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                             const at::Tensor&, double) {
+  not_built("polynorm.grouped_forward");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_backward_not_built(const at::Tensor&, const at::Tensor&,
+                                                                          const at::Tensor&, const at::Tensor&,
+                                                                          const at::Tensor&) {
+  not_built("polynorm.grouped_backward");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
@@ -46,6 +57,8 @@ TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("backward", &backward_not_built);
   m.impl("mul_forward", &mul_forward_not_built);
   m.impl("mul_backward", &mul_backward_not_built);
+  m.impl("grouped_forward", &grouped_forward_not_built);
+  m.impl("grouped_backward", &grouped_backward_not_built);
 }
 
 }  // namespace polynorm

@@ -198,9 +198,57 @@ std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtyp
                               forced_kernel()));
 }
 
+// Grouped ops: weight [E, 3] with E >= 1, offsets [E] of int32 or int64. Returns E.
+int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                             const at::Tensor& offsets) {
+  check_defined(op, "weight", weight);
+  TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
+              ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == 3, op,
+              ": expected weight of shape [E, 3] (one [w0, w1, w2] row per expert), got ", shape(weight.sizes()));
+  const int64_t E = weight.size(0);
+  TORCH_CHECK(E >= 1, op, ": expected weight to have at least one expert (E >= 1), got shape ",
+              shape(weight.sizes()));
+  TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(), ", got ",
+              weight.device());
+  check_defined(op, "offsets", offsets);
+  TORCH_CHECK(offsets.scalar_type() == at::kInt || offsets.scalar_type() == at::kLong, op,
+              ": expected offsets to be int32 or int64, got ", offsets.scalar_type());
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == E, op, ": expected offsets of shape [", num(E),
+              "] (one cumulative end offset per expert of weight), got ", shape(offsets.sizes()));
+  TORCH_CHECK(offsets.device() == x.device(), op, ": expected offsets on x's device ", x.device(), ", got ",
+              offsets.device());
+  return E;
+}
+
 }  // namespace
 
 KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
+
+void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& offsets, double eps) {
+  constexpr const char* op = "polynorm.grouped_forward";
+  check_x(op, "x", x);
+  const int64_t E = check_grouped_params(op, x, weight, offsets);
+  check_defined(op, "bias", bias);
+  TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
+              ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
+  TORCH_CHECK((bias.dim() == 1 && bias.size(0) == E) || (bias.dim() == 2 && bias.size(0) == E && bias.size(1) == 1),
+              op, ": expected bias of shape [", num(E), "] or [", num(E), ", 1] (weight's E experts), got ",
+              shape(bias.sizes()));
+  TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
+              bias.device());
+  check_eps(op, eps);
+}
+
+void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& offsets, const at::Tensor& rstd) {
+  constexpr const char* op = "polynorm.grouped_backward";
+  check_x(op, "x", x);
+  check_grouped_params(op, x, weight, offsets);
+  check_like_x(op, "grad_y", grad_y, x);
+  check_rstd(op, x, rstd);
+}
 
 }  // namespace polynorm
 
@@ -223,4 +271,14 @@ TORCH_LIBRARY(polynorm, m) {
   // bias is an input because grad_mul = grad_out * y recomputes y = poly_norm(x) from x and rstd.
   m.def("mul_backward(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor rstd) -> "
         "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)");
+  // Grouped PolyNorm for mixture-of-experts layers: x's rows are sorted by expert; weight [E, 3],
+  // bias [E] or [E, 1]; offsets [E] int32/int64 on x's device, cumulative END offsets (expert e
+  // owns rows [offsets[e-1], offsets[e]), offsets[-1] := 0), read on the device. Rows at or past
+  // offsets[E-1] belong to no expert: they are not read, y = 0 and rstd = 0 there.
+  m.def("grouped_forward(Tensor x, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-6) -> "
+        "(Tensor y, Tensor rstd)");
+  // grad_x in x's dtype (0 on rows of no expert); grad_weight [E, 3] and grad_bias [E] in rstd's
+  // dtype, each expert's summed over its rows in a fixed order (docs/MATH.md, "Grouped PolyNorm").
+  m.def("grouped_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor offsets, Tensor rstd) -> "
+        "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
 }

@@ -41,4 +41,12 @@ void check_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, co
 // dtype of the rstd cache and of every accumulator: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType opmath_dtype(at::ScalarType x_dtype);
 
+// Grouped PolyNorm (mixture of experts): x's rows sorted by expert, weight [E, 3], bias [E]
+// or [E, 1], offsets [E] int32/int64 on x's device (cumulative end offsets, as
+// torch._grouped_mm's `offs`: expert e owns rows [offsets[e-1], offsets[e]), offsets[-1] := 0).
+void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& offsets, double eps);
+void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
+                                 const at::Tensor& offsets, const at::Tensor& rstd);
+
 }  // namespace polynorm

@@ -19,11 +19,21 @@ from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm import reference
 from polynorm.module import FusedMulPolyNorm, PolyNorm
 from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
+from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
 
     _sharding.register()
 
-__all__ = ["BACKENDS", "FusedMulPolyNorm", "PolyNorm", "poly_norm", "poly_norm_mul", "reference"]
+__all__ = [
+    "BACKENDS",
+    "FusedMulPolyNorm",
+    "GroupedPolyNorm",
+    "PolyNorm",
+    "poly_norm",
+    "poly_norm_grouped",
+    "poly_norm_mul",
+    "reference",
+]
 __version__ = "0.1.0"

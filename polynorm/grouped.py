@@ -1,0 +1,272 @@
+"""Grouped PolyNorm for mixture-of-experts layers: :func:`poly_norm_grouped` and :class:`GroupedPolyNorm`.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884) with one
+``[w0, w1, w2, b]`` per expert. The rows of x arrive sorted by expert (as a token dispatch
+leaves them), and expert e owns rows ``[offsets[e-1], offsets[e])`` (``offsets[-1] := 0``)::
+
+    y = w[e,0] * norm(x^3) + w[e,1] * norm(x^2) + w[e,2] * norm(x) + b[e]
+    norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
+
+This module holds the Python side of ``torch.ops.polynorm.grouped_forward`` /
+``grouped_backward`` (C++ CPU and CUDA kernels, ``csrc/polynorm_grouped_*``) and of their
+Triton twins (:mod:`polynorm.triton_grouped`): fake kernels, autograd, the public function
+and the module.
+"""
+
+import torch
+from torch import Tensor, nn
+
+from polynorm import reference
+from polynorm._common import check_eps, refuse_double_backward, rstd_dtype
+from polynorm.ops import BACKENDS
+from polynorm.reference import check_grouped_backward_args, check_grouped_forward_args
+
+try:  # registers torch.ops.polynorm.grouped_forward_triton and grouped_backward_triton
+    from polynorm import triton_grouped as _triton_grouped
+except ImportError as _error:  # Triton is optional: every other backend works without it
+    _triton_grouped = None
+    _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
+
+__all__ = ["GroupedPolyNorm", "poly_norm_grouped"]
+
+
+@torch.library.register_fake("polynorm::grouped_forward")
+def _grouped_forward_fake(
+    x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    check_grouped_forward_args("polynorm.grouped_forward", x, weight, bias, offsets, eps)
+    M = x.numel() // x.shape[-1]
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty((M, 3), dtype=rstd_dtype(x.dtype))
+
+
+@torch.library.register_fake("polynorm::grouped_backward")
+def _grouped_backward_fake(
+    grad_y: Tensor, x: Tensor, weight: Tensor, offsets: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    check_grouped_backward_args("polynorm.grouped_backward", grad_y, x, weight, offsets, rstd)
+    acc = rstd_dtype(x.dtype)
+    E = weight.shape[0]
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    return grad_x, x.new_empty((E, 3), dtype=acc), x.new_empty((E,), dtype=acc)
+
+
+def _register_grouped_autograd(forward_op: str, backward_op) -> None:
+    """Makes ``forward_op`` (``grouped_forward``'s schema) differentiable in x, weight and bias
+    through ``backward_op`` (``grouped_backward``'s schema). ``needs_input_grad`` is honoured;
+    grad_weight ``[E, 3]`` and grad_bias ``[E]`` come from the op in the accumulation dtype and
+    are rounded here once, each to its own parameter's dtype and shape. An x or offsets made
+    under ``torch.inference_mode()`` cannot be saved for backward: it is copied once, only
+    when a backward is recorded. The backward op gets an autograd kernel that refuses double
+    backward."""
+
+    def setup_context(ctx, inputs, output) -> None:
+        x, weight, bias, offsets = inputs[:4]
+        _y, rstd = output
+        ctx.mark_non_differentiable(rstd)
+        ctx.save_for_backward(
+            x.clone() if x.is_inference() else x,
+            weight,
+            offsets.clone() if offsets.is_inference() else offsets,
+            rstd,
+        )
+        ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
+        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+
+    def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if not (need_x or need_weight or need_bias):
+            return None, None, None, None, None
+        x, weight, offsets, rstd = ctx.saved_tensors
+        grad_x, grad_weight, grad_bias = backward_op(grad_y, x, weight, offsets, rstd)
+        return (
+            grad_x if need_x else None,
+            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
+            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
+            None,
+            None,
+        )
+
+    torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
+    refuse_double_backward(backward_op)
+
+
+_register_grouped_autograd("polynorm::grouped_forward", torch.ops.polynorm.grouped_backward.default)
+if _triton_grouped is not None:
+    _register_grouped_autograd("polynorm::grouped_forward_triton", torch.ops.polynorm.grouped_backward_triton.default)
+
+
+def _offsets_from_counts(counts) -> Tensor:
+    op = "polynorm.poly_norm_grouped"
+    if not isinstance(counts, Tensor):
+        raise TypeError(f"{op}: expected counts to be a Tensor, got {type(counts).__name__}")
+    if counts.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"{op}: expected counts to be int32 or int64, got {counts.dtype}")
+    if counts.dim() != 1:
+        raise RuntimeError(f"{op}: expected counts of shape [E] (rows per expert), got {list(counts.shape)}")
+    # On counts' device, no host synchronisation; int64, so no sum can overflow.
+    return torch.cumsum(counts, 0, dtype=torch.int64)
+
+
+def poly_norm_grouped(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    offsets: Tensor | None = None,
+    *,
+    counts: Tensor | None = None,
+    eps: float = 1e-6,
+    backend: str = "auto",
+) -> Tensor:
+    """Grouped PolyNorm for mixture-of-experts layers: each row with its own expert's parameters.
+
+    The rows of x (its leading dimensions flattened: M rows of H) are sorted by expert. Expert
+    e owns rows ``[offsets[e-1], offsets[e])`` (``offsets[-1] := 0``), and for such a row::
+
+        y = w[e,0] * norm(x^3) + w[e,1] * norm(x^2) + w[e,2] * norm(x) + b[e]
+        norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
+
+    over the last dimension H, accumulated in fp32 (fp64 for fp64 x) and rounded once to x's
+    dtype: for each expert, exactly what :func:`polynorm.poly_norm` computes on that expert's
+    rows with ``weight[e]`` and ``bias[e]``, in one launch for all experts. Differentiable in
+    x, weight and bias.
+
+    Group boundaries are read on the device (a binary search of offsets per row): no host
+    synchronisation, so it can be captured in a CUDA graph and compiled. Rows at or past
+    ``offsets[E-1]`` (padding of a capacity-sized buffer) belong to no expert: they are not
+    read, y is 0 there and so is their gradient. Empty experts are allowed (their weight and
+    bias gradients are 0).
+
+    Each expert's weight and bias gradients are sums over its own rows in fp32 (fp64 for fp64
+    x), in an order that depends only on how many rows it has: bitwise the same on every run,
+    and bitwise what the same backend gives for that expert's rows alone. On the CPU they are
+    also bitwise :func:`polynorm.poly_norm`'s on that expert's rows (docs/MATH.md, "Grouped
+    PolyNorm").
+
+    Args:
+        x: ``(..., H)`` tensor of float32, float64, float16 or bfloat16, on the CPU or a CUDA
+            device, rows sorted by expert. Rows with a unit last-dim stride and any row stride
+            are read in place; other layouts are copied once.
+        weight: ``[E, 3]``, one ``[w0, w1, w2]`` per expert (w0 scales the cubic term), any of
+            those dtypes, E >= 1.
+        bias: ``[E]`` or ``[E, 1]``, any of those dtypes.
+        offsets: ``[E]`` int32 or int64 on x's device: cumulative end offsets, the convention
+            of ``torch._grouped_mm``'s ``offs``. Non-decreasing and at most M; other values
+            give undefined results (never an out-of-bounds access).
+        counts: instead of offsets, ``[E]`` int32 or int64 rows per expert (non-negative);
+            ``offsets = cumsum(counts)`` is formed on the device. Exactly one of offsets and
+            counts.
+        eps: added to each mean square inside the square root; a real number (Python or NumPy
+            int or float, one-element real tensor; not a bool), finite and >= 0. Under
+            torch.compile, a Python number (a graph constant).
+        backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
+            tensors: ``torch.ops.polynorm.grouped_forward``), ``"cuda"`` (x must be on a CUDA
+            device), ``"triton"`` (``torch.ops.polynorm.grouped_forward_triton``; CPU tensors
+            only under ``TRITON_INTERPRET=1``) or ``"reference"``
+            (:func:`polynorm.reference.poly_norm_grouped`, plain PyTorch).
+
+    Returns:
+        y: x's shape and dtype, contiguous. Its gradient gives each parameter's gradient in
+        that parameter's own dtype and shape, summed in fp32 (fp64 for fp64 x) and rounded
+        once.
+
+    Raises:
+        TypeError: offsets or counts not a tensor, both or neither given, eps not a real number.
+        ValueError: an unknown backend, or eps negative, NaN or infinite.
+        RuntimeError: x not float32/float64/float16/bfloat16, 0-d or with H = 0; weight not
+            ``[E, 3]`` with E >= 1; bias not ``[E]`` or ``[E, 1]``; offsets or counts not
+            int32/int64 of shape ``[E]``; tensors on different devices; backend ``"cuda"``
+            with x not on a CUDA (or meta) device; backend ``"triton"`` without the triton
+            package or with CPU tensors outside the interpreter. Each message names the op and
+            the argument, with the expected and the actual value.
+
+    Example::
+
+        # Motif-style MoE MLP: tokens sorted by expert, one PolyNorm per expert.
+        counts = torch.bincount(expert_ids, minlength=E)  # on the GPU, no sync
+        h = torch._grouped_mm(x_sorted, w_up, offs=offsets.int())
+        h = polynorm.poly_norm_grouped(h, weight, bias, offsets)
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    op_name = "polynorm.poly_norm_grouped"
+    if (offsets is None) == (counts is None):
+        raise TypeError(
+            f"{op_name}: expected exactly one of offsets and counts, got {'both' if counts is not None else 'neither'}"
+        )
+    if counts is not None:
+        offsets = _offsets_from_counts(counts)
+    elif not isinstance(offsets, Tensor):
+        raise TypeError(f"{op_name}: expected offsets to be a Tensor, got {type(offsets).__name__}")
+    if type(eps) is not float:
+        eps = check_eps(op_name, eps)
+    if backend in ("auto", "cuda"):
+        if backend == "cuda" and not (x.is_cuda or x.is_meta):
+            raise RuntimeError(f"{op_name}: backend 'cuda' expected x on a CUDA device (or the meta device), got {x.device}")
+        op = torch.ops.polynorm.grouped_forward
+    elif backend == "triton":
+        if _triton_grouped is None:
+            raise RuntimeError(f"{op_name}: backend 'triton' expected the triton package to import, got {_TRITON_IMPORT_ERROR}")
+        op = torch.ops.polynorm.grouped_forward_triton
+    elif backend == "reference":
+        eps = check_grouped_forward_args(op_name, x, weight, bias, offsets, eps, traced=torch.compiler.is_compiling())
+        return reference._poly_norm_grouped(x, weight, bias, offsets, eps)
+    else:
+        raise ValueError(f"{op_name}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return op(x, weight, bias, offsets, eps)[0]
+
+
+class GroupedPolyNorm(nn.Module):
+    """PolyNorm with one set of parameters per expert, for mixture-of-experts layers.
+
+    ``forward(x, offsets=None, counts=None)`` is :func:`poly_norm_grouped` with this module's
+    parameters: x's rows sorted by expert, and exactly one of ``offsets`` (cumulative end
+    offsets, ``[E]`` int32/int64 on x's device) or ``counts`` (rows per expert).
+    (Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.)
+
+    Args:
+        num_experts: E, an int >= 1.
+        eps: added to each mean square inside the square root; finite and >= 0, stored as a
+            Python float.
+        device, dtype: of the parameters (any float dtype, independent of the input's).
+        backend: see :func:`poly_norm_grouped`.
+
+    Parameters:
+        weight: ``[E, 3]``, each row ``[w0, w1, w2]`` initialised to ``[1/3, 1/3, 1/3]``, as
+            :class:`polynorm.PolyNorm` (PolyCom's initialisation) for each expert.
+        bias: ``[E]``, initialised to 0.
+
+    Shape:
+        input ``(..., H)`` of float32, float64, float16 or bfloat16; output the same shape
+        and dtype.
+
+    Raises:
+        TypeError: num_experts not an int, eps not a real number.
+        ValueError: num_experts < 1, eps negative, NaN or infinite, or an unknown backend.
+    """
+
+    def __init__(self, num_experts: int, eps: float = 1e-6, device=None, dtype=None, backend: str = "auto") -> None:
+        super().__init__()
+        if not isinstance(num_experts, int) or isinstance(num_experts, bool):
+            raise TypeError(f"polynorm.GroupedPolyNorm: expected num_experts to be an int, got {type(num_experts).__name__}")
+        if num_experts < 1:
+            raise ValueError(f"polynorm.GroupedPolyNorm: expected num_experts >= 1, got {num_experts}")
+        if backend not in BACKENDS:
+            raise ValueError(f"polynorm.GroupedPolyNorm: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+        factory = {"device": device, "dtype": dtype}
+        self.num_experts = num_experts
+        self.eps = check_eps("polynorm.GroupedPolyNorm", eps)
+        self.backend = backend
+        self.weight = nn.Parameter(torch.empty(num_experts, 3, **factory))
+        self.bias = nn.Parameter(torch.empty(num_experts, **factory))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            self.weight.fill_(1.0 / 3.0)
+            self.bias.zero_()
+
+    def forward(self, x: Tensor, offsets: Tensor | None = None, counts: Tensor | None = None) -> Tensor:
+        return poly_norm_grouped(x, self.weight, self.bias, offsets, counts=counts, eps=self.eps, backend=self.backend)
+
+    def extra_repr(self) -> str:
+        return f"num_experts={self.num_experts}, eps={self.eps}, backend={self.backend!r}"

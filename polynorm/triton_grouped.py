@@ -1,0 +1,420 @@
+"""Triton kernels for grouped PolyNorm (mixture of experts): ``torch.ops.polynorm.grouped_forward_triton``
+and ``grouped_backward_triton``, with the schemas of ``polynorm::grouped_forward`` / ``grouped_backward``.
+
+PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of Large
+Language Models", arXiv:2411.03884) with one ``[w0, w1, w2, b]`` per expert. Rows arrive sorted
+by expert: expert e owns rows ``[offsets[e-1], offsets[e])`` (``offsets[-1] := 0``). Per row,
+with its expert's parameters (``docs/MATH.md``, "Grouped PolyNorm")::
+
+    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3
+    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)
+    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+    c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,  S_p = sum_j g_j x_j^p,  G = sum_j g_j
+
+Layout of the work
+- The row kernels are those of :mod:`polynorm.triton_kernels` (the same tiles, launch
+  configuration and helpers, a function of H and the dtype only), plus a binary search of
+  offsets per row, read on the device: no host synchronisation. The search only yields
+  experts in ``[0, E]``, so offsets that decrease or exceed M (undefined results) never make
+  a kernel read or write out of bounds.
+- Rows at or past ``offsets[E-1]`` belong to no expert: they are not read; y, rstd and
+  grad_x are 0 there.
+- Backward: each row writes ``[r_3 S_3, r_2 S_2, r_1 S_1, G]`` to an ``[M, 4]`` buffer; a
+  second kernel, one program per expert, adds its segment in BLOCK_R lanes (row
+  ``begin + i`` into lane ``i % BLOCK_R``, in order) and then a fixed tree: an order that
+  depends only on the segment's length. An expert's dW and dB are the same bits on every run,
+  and the same bits as these ops give for that expert's rows alone. No atomics.
+
+With ``TRITON_INTERPRET=1`` set before this module is imported, the kernels run on CPU tensors
+in Triton's interpreter (slowly): that is how CI without a GPU tests them.
+"""
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from torch.library import wrap_triton
+
+from polynorm.reference import check_grouped_backward_args, check_grouped_forward_args
+from polynorm.triton_kernels import (
+    _acc_dtype,
+    _as_rows,
+    _bwd_coefficients,
+    _bwd_dx,
+    _check_runs_here,
+    _div_rn,
+    _launch_config,
+    _launchable,
+    _on_device_of,
+    _op,
+    _sqrt_rn,
+    _to_acc,
+    _to_out,
+)
+
+__all__ = ["poly_norm_grouped_forward_triton", "poly_norm_grouped_backward_triton"]
+
+
+@triton.jit
+def _expert_of(offsets_ptr, offsets_stride, rows, row_mask, E, n_steps):
+    # The first e with offsets[e] > row, per row: its expert, or E for a row of no expert. A
+    # binary search in n_steps = bit_length(E) halvings; it only reads offsets[0 .. E-1].
+    lo = tl.zeros_like(rows)
+    hi = lo + E
+    for _ in range(n_steps):
+        active = row_mask & (lo < hi)
+        mid = (lo + hi) // 2
+        end = tl.load(offsets_ptr + mid * offsets_stride, mask=active, other=0).to(tl.int64)
+        lo = tl.where(active & (end <= rows), mid + 1, lo)
+        hi = tl.where(active & (end > rows), mid, hi)
+    return lo
+
+
+# M is never specialised (Triton would compile M == 1 as a constant): the code, and so a
+# row's bits, must not depend on the batch size.
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_fwd_kernel(
+    x_ptr,  # [M, H], unit column stride, rows x_row_stride elements apart
+    x_row_stride,
+    y_ptr,  # [M, H] contiguous, x's dtype
+    rstd_ptr,  # [M, 3] fp32 (fp64 for fp64 x): rstd of x^3, x^2, x; 0 on rows of no expert
+    w_ptr,  # [E, 3] any float dtype: [w0, w1, w2] per expert
+    w_stride0,
+    w_stride1,
+    b_ptr,  # [E] (or [E, 1]) any float dtype
+    b_stride,
+    offsets_ptr,  # [E] int32 or int64: cumulative end offsets
+    offsets_stride,
+    E,
+    n_steps,  # bit_length(E): binary-search halvings
+    M,
+    H,
+    eps: tl.float64,  # fp64 so that fp64 inputs see eps unrounded
+    BLOCK_M: tl.constexpr,  # rows per program
+    BLOCK_H: tl.constexpr,  # columns per block: the whole row when ONE_BLOCK
+    ONE_BLOCK: tl.constexpr,  # the row fits one block: x is read once
+):
+    ACC = rstd_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
+    in_range = rows < M
+    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+    owned = in_range & (expert < E)  # rows of no expert are not read
+    x_rows = x_ptr + rows * x_row_stride  # per-row base pointers, 64-bit offsets
+    y_rows = y_ptr + rows * H
+    cols = tl.arange(0, BLOCK_H)
+
+    # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
+    if ONE_BLOCK:
+        mask = owned[:, None] & (cols < H)[None, :]
+        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        x2 = x * x
+        x4 = x2 * x2
+        s1 = tl.sum(x2, axis=1)
+        s2 = tl.sum(x4, axis=1)
+        s3 = tl.sum(x4 * x2, axis=1)
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = owned[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc2 = xc * xc
+            xc4 = xc2 * xc2
+            a1 += xc2
+            a2 += xc4
+            a3 += xc4 * xc2
+        s1 = tl.sum(a1, axis=1)
+        s2 = tl.sum(a2, axis=1)
+        s3 = tl.sum(a3, axis=1)
+
+    # rstd once per row, IEEE-rounded; 0 on rows of no expert.
+    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    e = tl.full([], eps, ACC)
+    one = tl.full([BLOCK_M], 1.0, ACC)
+    zero = tl.zeros([BLOCK_M], ACC)
+    r1 = tl.where(owned, _div_rn(one, _sqrt_rn(s1 * inv_h + e)), zero)
+    r2 = tl.where(owned, _div_rn(one, _sqrt_rn(s2 * inv_h + e)), zero)
+    r3 = tl.where(owned, _div_rn(one, _sqrt_rn(s3 * inv_h + e)), zero)
+    rstd_rows = rstd_ptr + rows * 3
+    tl.store(rstd_rows + 0, r3, mask=in_range)
+    tl.store(rstd_rows + 1, r2, mask=in_range)
+    tl.store(rstd_rows + 2, r1, mask=in_range)
+
+    # The row's expert's parameters, in their own dtype (0 on rows of no expert).
+    w_rows = w_ptr + expert * w_stride0
+    k3 = (_to_acc(tl.load(w_rows, mask=owned, other=0.0), ACC) * r3)[:, None]
+    k2 = (_to_acc(tl.load(w_rows + w_stride1, mask=owned, other=0.0), ACC) * r2)[:, None]
+    k1 = (_to_acc(tl.load(w_rows + 2 * w_stride1, mask=owned, other=0.0), ACC) * r1)[:, None]
+    b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
+
+    # Output, Horner form: 3 FMAs per element; 0 on rows of no expert.
+    if ONE_BLOCK:
+        y = tl.where(owned[:, None], tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b), 0.0)
+        out_mask = in_range[:, None] & (cols < H)[None, :]
+        tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = owned[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            y = tl.where(owned[:, None], tl.fma(xc, tl.fma(xc, tl.fma(xc, k3, k2), k1), b), 0.0)
+            out_mask = in_range[:, None] & (c < H)[None, :]
+            tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_bwd_kernel(
+    g_ptr,  # [M, H] grad_y, unit column stride, rows g_row_stride apart (0 for an expand)
+    g_row_stride,
+    x_ptr,  # [M, H], unit column stride, rows x_row_stride apart
+    x_row_stride,
+    rstd_ptr,  # [M, 3] contiguous fp32 (fp64 for fp64 x): rstd of x^3, x^2, x
+    w_ptr,  # [E, 3] any float dtype
+    w_stride0,
+    w_stride1,
+    offsets_ptr,  # [E] int32 or int64
+    offsets_stride,
+    E,
+    n_steps,
+    dx_ptr,  # [M, H] contiguous, x's dtype
+    partials_ptr,  # [M, 4] rstd's dtype: each row's [r_3 S_3, r_2 S_2, r_1 S_1, G]
+    M,
+    H,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):
+    ACC = partials_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
+    in_range = rows < M
+    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+    owned = in_range & (expert < E)
+    g_rows = g_ptr + rows * g_row_stride  # per-row base pointers, 64-bit offsets
+    x_rows = x_ptr + rows * x_row_stride
+    dx_rows = dx_ptr + rows * H
+    cols = tl.arange(0, BLOCK_H)
+
+    # S_1, S_2, S_3 and G per row, in one pass.
+    if ONE_BLOCK:
+        mask = owned[:, None] & (cols < H)[None, :]
+        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        g = _to_acc(tl.load(g_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        gx = g * x
+        gx2 = gx * x
+        s1 = tl.sum(gx, axis=1)
+        s2 = tl.sum(gx2, axis=1)
+        s3 = tl.sum(gx2 * x, axis=1)
+        sg = tl.sum(g, axis=1)
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = owned[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            gxc = gc * xc
+            gxc2 = gxc * xc
+            a1 += gxc
+            a2 += gxc2
+            a3 += gxc2 * xc
+            ag += gc
+        s1 = tl.sum(a1, axis=1)
+        s2 = tl.sum(a2, axis=1)
+        s3 = tl.sum(a3, axis=1)
+        sg = tl.sum(ag, axis=1)
+
+    # Rows of no expert: r = 0 and w = 0 give c = d = 0, S = 0 (nothing read), so dx = 0 and
+    # a zero share of the parameter gradients.
+    rstd_rows = rstd_ptr + rows * 3
+    r3 = tl.load(rstd_rows + 0, mask=owned, other=0.0)
+    r2 = tl.load(rstd_rows + 1, mask=owned, other=0.0)
+    r1 = tl.load(rstd_rows + 2, mask=owned, other=0.0)
+    w_rows = w_ptr + expert * w_stride0
+    w0 = _to_acc(tl.load(w_rows, mask=owned, other=0.0), ACC)
+    w1 = _to_acc(tl.load(w_rows + w_stride1, mask=owned, other=0.0), ACC)
+    w2 = _to_acc(tl.load(w_rows + 2 * w_stride1, mask=owned, other=0.0), ACC)
+    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    part_rows = partials_ptr + rows * 4
+    tl.store(part_rows + 0, r3 * s3, mask=in_range)
+    tl.store(part_rows + 1, r2 * s2, mask=in_range)
+    tl.store(part_rows + 2, r1 * s1, mask=in_range)
+    tl.store(part_rows + 3, sg, mask=in_range)
+
+    c1, c2, c3, d1, d2, d3 = _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h)
+    if ONE_BLOCK:
+        dx = tl.where(owned[:, None], _bwd_dx(x, g, c1, c2, c3, d1, d2, d3), 0.0)
+        out_mask = in_range[:, None] & (cols < H)[None, :]
+        tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        for c0 in range(0, H, BLOCK_H):
+            c = c0 + cols
+            mask = owned[:, None] & (c < H)[None, :]
+            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            dx = tl.where(owned[:, None], _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
+            out_mask = in_range[:, None] & (c < H)[None, :]
+            tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_param_kernel(
+    partials_ptr,  # [M, 4] fp32 (fp64 for fp64 x)
+    offsets_ptr,  # [E] int32 or int64
+    offsets_stride,
+    M,
+    grad_w_ptr,  # [E, 3] the partials' dtype
+    grad_b_ptr,  # [E] the partials' dtype
+    BLOCK_R: tl.constexpr,
+):
+    # One program per expert: its segment [begin, end), clamped to [0, M] (empty where offsets
+    # decrease), added in BLOCK_R lanes in order and then a fixed tree. The sums are stored
+    # unrounded: autograd rounds each to its parameter's dtype.
+    ACC = partials_ptr.dtype.element_ty
+    e = tl.program_id(0)
+    begin = tl.load(offsets_ptr + (e - 1) * offsets_stride, mask=e > 0, other=0).to(tl.int64)
+    end = tl.load(offsets_ptr + e * offsets_stride).to(tl.int64)
+    begin = tl.minimum(tl.maximum(begin, 0), M)
+    end = tl.minimum(tl.maximum(end, begin), M)
+    lanes = tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, 4)
+    acc = tl.zeros([BLOCK_R, 4], ACC)
+    for r0 in range(0, end - begin, BLOCK_R):
+        r = begin + r0 + lanes
+        acc += tl.load(partials_ptr + r[:, None] * 4 + cols[None, :], mask=(r < end)[:, None], other=0.0)
+    total = tl.sum(acc, axis=0)  # [4]: dw0, dw1, dw2, db
+    tl.store(grad_w_ptr + e.to(tl.int64) * 3 + cols, total, mask=cols < 3)
+    tl.store(grad_b_ptr + e, tl.sum(tl.where(cols == 3, total, 0.0), axis=0))
+
+
+# Rows per lane block of the parameter-gradient kernel: 256 lanes x 4 sums, 4 warps.
+_PARAM_BLOCK_R = 256
+
+_GFWD = "polynorm.grouped_forward_triton"
+_GBWD = "polynorm.grouped_backward_triton"
+_GFWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-06) -> (Tensor y, Tensor rstd)"
+_GBWD_SCHEMA = (
+    "(Tensor grad_y, Tensor x, Tensor weight, Tensor offsets, Tensor rstd) -> "
+    "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
+)
+
+
+def _search_steps(E) -> int:
+    # int(): E is the weight's leading dimension, a plain int but for a symbolic weight shape,
+    # whose value the kernel launch needs anyway.
+    return int(E).bit_length()
+
+
+@_op("polynorm::grouped_forward_triton", mutates_args=(), schema=_GFWD_SCHEMA)
+def poly_norm_grouped_forward_triton(
+    x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps: float = 1e-6
+) -> tuple[Tensor, Tensor]:
+    """Grouped PolyNorm forward in Triton: ``torch.ops.polynorm.grouped_forward_triton(x, weight, bias, offsets, eps)``.
+
+    For a row of expert e (rows ``[offsets[e-1], offsets[e])``, ``offsets[-1] := 0``):
+    ``y = w[e,0] norm(x^3) + w[e,1] norm(x^2) + w[e,2] norm(x) + b[e]`` with
+    ``norm(u) = u / sqrt(mean(u^2) + eps)`` over H. Accumulates in fp32 (fp64 for fp64 x);
+    y is rounded once. Rows at or past ``offsets[E-1]`` are not read; y and rstd are 0 there.
+
+    Args:
+        x: ``(..., H)``, float32, float64, float16 or bfloat16, on a CUDA device (or the CPU
+            under ``TRITON_INTERPRET=1``), rows sorted by expert. Rows with unit last-dim
+            stride and any row stride are read in place; other layouts are copied once.
+        weight: ``[E, 3]``, ``[w0, w1, w2]`` per expert, any of those dtypes.
+        bias: ``[E]`` or ``[E, 1]``, any of those dtypes.
+        offsets: ``[E]`` int32 or int64 on x's device, cumulative end offsets, read on the
+            device; decreasing values or values beyond M give undefined results (never an
+            out-of-bounds access).
+        eps: added to each mean square inside the square root; finite and >= 0.
+
+    Returns:
+        y: x's shape and dtype, contiguous. rstd: ``(M, 3)``, ``[r_3, r_2, r_1]`` per row,
+        float32 (float64 for float64 x); not differentiable.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: the checks of ``polynorm::grouped_forward``,
+            messages starting ``polynorm.grouped_forward_triton:``; RuntimeError also for x
+            on the CPU without the interpreter.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    eps = check_grouped_forward_args(_GFWD, x, weight, bias, offsets, eps)
+    _check_runs_here(_GFWD, x)
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty((M, 3), dtype=_acc_dtype(x.dtype), device=x.device)
+    if M == 0:
+        return y, rstd
+    E = weight.shape[0]
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
+    if _launchable(x_rows, weight, bias, offsets):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_fwd_kernel)[((M + block_m - 1) // block_m,)](
+                x_rows, x_row_stride, y, rstd, weight, weight.stride(0), weight.stride(1), bias, bias.stride(0),
+                offsets, offsets.stride(0), E, _search_steps(E), M, H, eps,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
+    return y, rstd
+
+
+@_op("polynorm::grouped_backward_triton", mutates_args=(), schema=_GBWD_SCHEMA)
+def poly_norm_grouped_backward_triton(
+    grad_y: Tensor, x: Tensor, weight: Tensor, offsets: Tensor, rstd: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Grouped PolyNorm backward in Triton: ``torch.ops.polynorm.grouped_backward_triton(grad_y, x, weight, offsets, rstd)``.
+
+    Per row of expert e, with ``S_p = sum_j g_j x_j^p``, ``c_p = w(p) p r_p`` and
+    ``d_p = c_p r_p^2 S_p / H`` (``w(3) = w[e,0], w(2) = w[e,1], w(1) = w[e,2]``)::
+
+        grad_x = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
+        grad_weight[e] = [sum r_3 S_3, sum r_2 S_2, sum r_1 S_1],  grad_bias[e] = sum G
+
+    each expert's sums over its own rows in fp32 (fp64 for fp64 x), in an order that depends
+    only on the number of its rows: the same bits on every run, and the same bits as for that
+    expert's rows alone. Rows of no expert are not read: grad_x is 0 there.
+
+    Args:
+        grad_y: x's shape and dtype; any layout.
+        x, weight, offsets: as for :func:`poly_norm_grouped_forward_triton`.
+        rstd: ``(M, 3)`` from the forward, float32 (float64 for float64 x).
+
+    Returns:
+        grad_x: x's shape and dtype, contiguous. grad_weight ``[E, 3]`` and grad_bias ``[E]``
+        in float32 (float64 for float64 x), whatever weight's dtype; 0 for an empty expert.
+
+    Raises:
+        RuntimeError: as the forward for x, weight and offsets; grad_y not of x's shape,
+            dtype and device; rstd not ``(M, 3)`` of the accumulation dtype on x's device.
+            Messages start ``polynorm.grouped_backward_triton:``.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
+    """
+    check_grouped_backward_args(_GBWD, grad_y, x, weight, offsets, rstd)
+    _check_runs_here(_GBWD, x)
+    acc = _acc_dtype(x.dtype)
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    g_rows, _, _, g_row_stride = _as_rows(grad_y)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    E = weight.shape[0]
+    if M == 0:
+        return grad_x, x.new_zeros((E, 3), dtype=acc), x.new_zeros((E,), dtype=acc)
+    rstd_c = rstd.contiguous()  # [M, 3]: at most a small copy
+    grad_weight = x.new_empty((E, 3), dtype=acc)
+    grad_bias = x.new_empty((E,), dtype=acc)
+    partials = x.new_empty((M, 4), dtype=acc)
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
+    if _launchable(x_rows, g_rows, weight, offsets, rstd_c):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_bwd_kernel)[((M + block_m - 1) // block_m,)](
+                g_rows, g_row_stride, x_rows, x_row_stride, rstd_c, weight, weight.stride(0), weight.stride(1),
+                offsets, offsets.stride(0), E, _search_steps(E), grad_x, partials, M, H,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
+            wrap_triton(_poly_norm_grouped_param_kernel)[(E,)](
+                partials, offsets, offsets.stride(0), M, grad_weight, grad_bias, BLOCK_R=_PARAM_BLOCK_R, num_warps=4
+            )
+    return grad_x, grad_weight, grad_bias
