@@ -9,7 +9,7 @@ byte-level decoder-only transformer whose MLPs use PolyNorm, in the PolyCom form
 source of Python's own standard library.
 
 Rows (one PolyNorm implementation each; everything else in the model is the same code; the
-tables' "activation" column says what each row's MLPs run):
+lock-step and throughput tables' "activation" column says what each row's MLPs run):
 
 - ``reference``: ``polynorm.reference.poly_norm`` / ``poly_norm_mul`` (plain PyTorch, fp32
   compute, the product rounded once); the baseline;

@@ -17,7 +17,7 @@ Every backend is compared with the reference in lock-step (at every step, the lo
 gradients on the reference's parameters, within 8 times the deviation of the reference
 computed in float64) and free-running (its own run's final validation loss, within 8 times
 the spread of the reference against its float64 twin). It prints the throughput/memory
-table and both agreement tables (a column names the op each row's MLPs run), writes
+table and both agreement tables (the first two name the op each row's MLPs run), writes
 ``loss_curves.png``, ``summary.md`` and ``summary.json`` under ``--out`` (default
 ``out/train``), and exits with status 1 when a backend disagrees, or when the loss does not
 fall. ``--help`` lists the options.
