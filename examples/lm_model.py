@@ -11,6 +11,9 @@ used in practice:
 - ``"polycom"``: ``down(PolyNorm(up(x)))``, the PolyCom MLP of the paper, intermediate 4x;
 - ``"gated"``: ``down(PolyNorm(gate(x)) * up(x))``, the gated form of Motif's LLMs,
   intermediate 8/3x (rounded to a multiple of 32) so both forms have about the same size.
+  PolyNorm and the multiply are one fused op, :class:`polynorm.FusedMulPolyNorm`
+  (:func:`polynorm.poly_norm_mul`: ``torch.ops.polynorm.mul_forward`` / ``mul_backward`` and
+  their Triton twins), for every polynorm backend.
 
 Everything else is a GPT-2 style pre-norm block: LayerNorm, causal multi-head attention
 through ``F.scaled_dot_product_attention``, learned positions, a head tied to the byte
@@ -28,7 +31,10 @@ from torch import Tensor, nn
 
 import polynorm
 
-__all__ = ["POLY_NORMS", "Float64ReferencePolyNorm", "ModelConfig", "TinyLM", "liger_available", "make_poly_norm"]
+__all__ = [
+    "MUL_POLY_NORMS", "POLY_NORMS", "Float64ReferenceMulPolyNorm", "Float64ReferencePolyNorm", "ModelConfig", "TinyLM",
+    "activation_op", "liger_available", "make_activation", "make_mul_poly_norm", "make_poly_norm",
+]
 
 
 @dataclass
@@ -86,6 +92,8 @@ class LigerBackedPolyNorm(polynorm.PolyNorm):
     version has the argument) leaves the incoming gradient intact.
     """
 
+    op = "Liger PolyNorm"
+
     def __init__(self, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__(eps=eps, device=device, dtype=dtype, backend="reference")
         self.backend = "liger"
@@ -98,12 +106,33 @@ class LigerBackedPolyNorm(polynorm.PolyNorm):
         return self._fn.apply(x, self.weight, self.bias.view(()), self.eps, *extra)
 
 
+class LigerBackedMulPolyNorm(polynorm.FusedMulPolyNorm):
+    """The gated MLP's activation through Liger's PolyNorm, then ``*``: Liger has no fused
+    PolyNorm x mul, so this is the unfused form, y rounded to x's dtype before the multiply.
+    ``polynorm.FusedMulPolyNorm``'s parameters (same names, shapes, init)."""
+
+    op = "Liger PolyNorm, then *"
+
+    def __init__(self, eps: float = 1e-6, dtype=None, device=None) -> None:
+        super().__init__(eps=eps, dtype=dtype, device=device, backend="reference")
+        self.backend = "liger"
+        self._fn, self._has_in_place, why = _liger_function()
+        if self._fn is None:
+            raise RuntimeError(f"LigerBackedMulPolyNorm: expected liger_kernel's PolyNorm to import, got {why}")
+
+    def forward(self, x: Tensor, mul: Tensor) -> Tensor:
+        extra = (False,) if self._has_in_place else ()
+        return self._fn.apply(x, self.weight, self.bias.view(()), self.eps, *extra) * mul
+
+
 class Float64ReferencePolyNorm(polynorm.PolyNorm):
     """The reference PolyNorm computed in float64 and rounded once to x's dtype.
 
     A change of rounding only (the most exact PolyNorm there is): how far training with it
     drifts from training with the fp32 reference is the rounding floor of the comparison.
     """
+
+    op = "reference.poly_norm in float64"
 
     def __init__(self, eps: float = 1e-6, device=None, dtype=None) -> None:
         super().__init__(eps=eps, device=device, dtype=dtype, backend="reference")
@@ -113,9 +142,27 @@ class Float64ReferencePolyNorm(polynorm.PolyNorm):
         return polynorm.reference.poly_norm(x, self.weight, self.bias, self.eps, compute_dtype=torch.float64)
 
 
-# PolyNorm implementations besides polynorm's own backends, by name: each takes eps and
-# returns a polynorm.PolyNorm (same parameters, same init). Tests add faulty kernels here.
+class Float64ReferenceMulPolyNorm(polynorm.FusedMulPolyNorm):
+    """The fused op's float64 twin: ``polynorm.reference.poly_norm_mul`` computed in float64
+    (PolyNorm's y and its product with mul), rounded once to x's dtype. As
+    :class:`Float64ReferencePolyNorm` for the PolyCom form, the rounding floor of the gated form."""
+
+    op = "reference.poly_norm_mul in float64"
+
+    def __init__(self, eps: float = 1e-6, dtype=None, device=None) -> None:
+        super().__init__(eps=eps, dtype=dtype, device=device, backend="reference")
+        self.backend = "reference-fp64"
+
+    def forward(self, x: Tensor, mul: Tensor) -> Tensor:
+        return polynorm.reference.poly_norm_mul(x, mul, self.weight, self.bias, self.eps, compute_dtype=torch.float64)
+
+
+# Implementations besides polynorm's own backends, by name, for each MLP form: each takes eps
+# and returns a module with polynorm's parameters (same names, shapes, init): a
+# polynorm.PolyNorm for the PolyCom form, a polynorm.FusedMulPolyNorm (forward(x, mul)) for
+# the gated form. Tests add faulty kernels here.
 POLY_NORMS = {"liger": LigerBackedPolyNorm, "reference-fp64": Float64ReferencePolyNorm}
+MUL_POLY_NORMS = {"liger": LigerBackedMulPolyNorm, "reference-fp64": Float64ReferenceMulPolyNorm}
 
 
 def make_poly_norm(backend: str, eps: float) -> nn.Module:
@@ -126,13 +173,47 @@ def make_poly_norm(backend: str, eps: float) -> nn.Module:
     return polynorm.PolyNorm(eps, backend=backend)
 
 
+def make_mul_poly_norm(backend: str, eps: float) -> nn.Module:
+    """The gated MLP's activation, ``forward(x, mul) = PolyNorm(x) * mul``:
+    ``MUL_POLY_NORMS[backend]`` (Liger's PolyNorm then ``*`` for ``"liger"``, the float64
+    ``reference.poly_norm_mul`` for ``"reference-fp64"``), else the fused op,
+    ``polynorm.FusedMulPolyNorm(backend=...)``."""
+    if backend in MUL_POLY_NORMS:
+        return MUL_POLY_NORMS[backend](eps)
+    return polynorm.FusedMulPolyNorm(eps, backend=backend)
+
+
+def make_activation(mlp: str, backend: str, eps: float) -> nn.Module:
+    """The activation of an MLP of form ``mlp``: ``make_poly_norm`` for ``"polycom"``,
+    ``make_mul_poly_norm`` (the fused PolyNorm x mul) for ``"gated"``."""
+    return (make_poly_norm if mlp == "polycom" else make_mul_poly_norm)(backend, eps)
+
+
+def activation_op(act: nn.Module) -> str:
+    """What an MLP's activation module runs, for the tables: its ``op`` attribute where it has
+    one; for polynorm's modules the op of their backend: ``fused polynorm::mul_forward``
+    (``mul_forward_triton``) or ``reference.poly_norm_mul`` for a ``polynorm.FusedMulPolyNorm``,
+    ``polynorm::forward`` (``forward_triton``) or ``reference.poly_norm`` for a
+    ``polynorm.PolyNorm``."""
+    op = getattr(act, "op", None)
+    if isinstance(op, str):
+        return op
+    fused = isinstance(act, polynorm.FusedMulPolyNorm)
+    if not (fused or isinstance(act, polynorm.PolyNorm)):
+        return type(act).__name__
+    if act.backend == "reference":
+        return "reference.poly_norm_mul" if fused else "reference.poly_norm"
+    name = ("mul_forward" if fused else "forward") + ("_triton" if act.backend == "triton" else "")
+    return f"fused polynorm::{name}" if fused else f"polynorm::{name}"
+
+
 class PolyComMLP(nn.Module):
     """``down(PolyNorm(up(x)))`` (PolyCom, arXiv:2411.03884)."""
 
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.act = make_poly_norm(backend, config.eps)
+        self.act = make_activation("polycom", backend, config.eps)
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -140,17 +221,18 @@ class PolyComMLP(nn.Module):
 
 
 class GatedPolyMLP(nn.Module):
-    """``down(PolyNorm(gate(x)) * up(x))`` (Motif's gated PolyNorm MLP)."""
+    """``down(PolyNorm(gate(x)) * up(x))`` (Motif's gated PolyNorm MLP), PolyNorm and the
+    multiply fused: ``act`` is ``make_mul_poly_norm(backend)``, called as ``act(gate(x), up(x))``."""
 
     def __init__(self, config: ModelConfig, backend: str) -> None:
         super().__init__()
         self.gate = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.act = make_poly_norm(backend, config.eps)
+        self.act = make_activation("gated", backend, config.eps)
         self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down(self.act(self.gate(x)) * self.up(x))
+        return self.down(self.act(self.gate(x), self.up(x)))
 
 
 class CausalSelfAttention(nn.Module):
@@ -202,7 +284,7 @@ class TinyLM(nn.Module):
             if p.dim() == 2:
                 nn.init.normal_(p, std=residual_std if name.endswith(("proj.weight", "down.weight")) else 0.02)
         for m in self.modules():
-            if isinstance(m, (nn.LayerNorm, polynorm.PolyNorm)):
+            if isinstance(m, (nn.LayerNorm, polynorm.PolyNorm, polynorm.FusedMulPolyNorm)):
                 m.reset_parameters()
 
     def forward(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:

@@ -6,7 +6,8 @@ Run with one process per device (``torchrun``); NCCL on CUDA, gloo on CPU::
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode fsdp
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode sp
 
-- ``ddp``: the byte-level LM of ``examples/lm_model.py`` (PolyNorm MLPs) trained with
+- ``ddp``: the byte-level LM of ``examples/lm_model.py`` (PolyNorm MLPs; by default the
+  gated form, whose activation is the fused PolyNorm x mul, ``polynorm.FusedMulPolyNorm``) trained with
   ``DistributedDataParallel``, each rank on its share of the global batch, against the
   same model trained in one process on the whole global batch (every rank computes that
   run itself). After ``--steps`` AdamW steps the parameters must agree within ``PARAM_TOL``,
@@ -18,7 +19,13 @@ Run with one process per device (``torchrun``); NCCL on CUDA, gloo on CPU::
   (``Shard(1)``) dimension, through ``polynorm.poly_norm`` and autograd, against the
   unsharded tensors: no communication in forward or backward, y and dx bitwise equal (a
   row's result does not depend on its batch), weight and bias gradients ``Partial`` and,
-  once reduced, within ``GRAD_TOL``.
+  once reduced, within ``GRAD_TOL``. The same for the fused PolyNorm x mul
+  (``polynorm.poly_norm_mul``, the gated MLP's activation) with x and mul sharded alike:
+  out, dx and dmul bitwise and sharded like x. And the grouped PolyNorm
+  (``polynorm.poly_norm_grouped``), whose only rule is ``Replicate()`` (its offsets index
+  the global rows; ``polynorm/_sharding.py``): on replicated tensors no communication and
+  every output bitwise; with x sharded on its rows DTensor gathers it first, and the
+  results are still bitwise those of one process.
 
 Tolerances are relative, ``||a - b|| / ||b||`` per tensor, in fp32. Data parallelism changes
 only the order of the gradient sums (each rank's mean, then the all-reduce's mean), a few
@@ -137,6 +144,20 @@ def check_data_parallel(args, device) -> list[tuple[str, float, float]]:
     return results
 
 
+def _sharded_results(what: str, comm: int, placements_ok: bool, exact: dict, reduced: dict) -> list:
+    """Check lines for one sharded call: the number of collectives in forward and backward
+    (bound 0; ``comm`` None: not checked here), the placements, the tensors that must equal
+    one process's bitwise, and those within GRAD_TOL once reduced. ``exact`` and
+    ``reduced``: {name: (DTensor, plain tensor)}."""
+    results = [] if comm is None else [(f"{what}: collectives in forward + backward", comm, 0)]
+    results.append((f"{what}: placements", 0.0 if placements_ok else 1.0, 0))
+    for name, (got, want) in exact.items():
+        results.append((f"{what}: {name} bitwise", 0.0 if torch.equal(got.full_tensor(), want.detach()) else 1.0, 0))
+    for name, (got, want) in reduced.items():
+        results.append((f"{what}: {name} reduced", rel(got.full_tensor(), want), GRAD_TOL))
+    return results
+
+
 def check_sequence_parallel(args, device) -> list[tuple[str, float, float]]:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
@@ -146,33 +167,86 @@ def check_sequence_parallel(args, device) -> list[tuple[str, float, float]]:
     gen = torch.Generator().manual_seed(args.seed)
     x_full = torch.randn(4, 2 * args.seq_len, 96, generator=gen).to(device)
     g_full = torch.randn(x_full.shape, generator=gen).to(device)
+    mul_full = torch.randn(x_full.shape, generator=gen).to(device)
     w_full = torch.tensor([0.3, -0.4, 0.9], device=device)
     b_full = torch.tensor([0.1], device=device)
+
+    def shard(t, *placements):
+        return distribute_tensor(t, mesh, list(placements)).requires_grad_(t.is_floating_point())
+
+    results = []
+    # PolyNorm and the fused PolyNorm x mul, x (and mul) sharded on the batch or the sequence.
     leaves = [t.clone().requires_grad_() for t in (x_full, w_full, b_full)]
     y_ref = polynorm.poly_norm(*leaves, backend=args.backend)
     grads_ref = torch.autograd.grad(y_ref, leaves, g_full)
-
-    results = []
+    mul_leaves = [t.clone().requires_grad_() for t in (x_full, mul_full, w_full, b_full)]
+    out_ref = polynorm.poly_norm_mul(*mul_leaves, backend=args.backend)
+    mul_grads_ref = torch.autograd.grad(out_ref, mul_leaves, g_full)
     for d in (0, 1):
-        x = distribute_tensor(x_full, mesh, [Shard(d)]).requires_grad_()
-        w = distribute_tensor(w_full, mesh, [Replicate()]).requires_grad_()
-        b = distribute_tensor(b_full, mesh, [Replicate()]).requires_grad_()
+        x, w, b = shard(x_full, Shard(d)), shard(w_full, Replicate()), shard(b_full, Replicate())
+        g = distribute_tensor(g_full, mesh, [Shard(d)])
         with CommDebugMode() as comm_fwd:
             y = polynorm.poly_norm(x, w, b, backend=args.backend)
-        g = distribute_tensor(g_full, mesh, [Shard(d)])
         with CommDebugMode() as comm_bwd:
             gx, gw, gb = torch.autograd.grad(y, (x, w, b), g)
         placements_ok = (
             y.placements == (Shard(d),) and gx.placements == (Shard(d),)
             and gw.placements == (Partial(),) and gb.placements == (Partial(),)
         )
-        results.append((f"Shard({d}): collectives in forward + backward", comm_fwd.get_total_counts()
-                        + comm_bwd.get_total_counts(), 0))
-        results.append((f"Shard({d}): placements y, dx Shard({d}); dw, db Partial", 0.0 if placements_ok else 1.0, 0))
-        results.append((f"Shard({d}): y bitwise", 0.0 if torch.equal(y.full_tensor(), y_ref.detach()) else 1.0, 0))
-        results.append((f"Shard({d}): dx bitwise", 0.0 if torch.equal(gx.full_tensor(), grads_ref[0]) else 1.0, 0))
-        results.append((f"Shard({d}): dw reduced", rel(gw.full_tensor(), grads_ref[1]), GRAD_TOL))
-        results.append((f"Shard({d}): db reduced", rel(gb.full_tensor(), grads_ref[2]), GRAD_TOL))
+        results += _sharded_results(
+            f"poly_norm Shard({d})", comm_fwd.get_total_counts() + comm_bwd.get_total_counts(), placements_ok,
+            exact={"y": (y, y_ref), "dx": (gx, grads_ref[0])},
+            reduced={"dw": (gw, grads_ref[1]), "db": (gb, grads_ref[2])},
+        )
+
+        x, mul = shard(x_full, Shard(d)), shard(mul_full, Shard(d))
+        w, b = shard(w_full, Replicate()), shard(b_full, Replicate())
+        with CommDebugMode() as comm_fwd:
+            out = polynorm.poly_norm_mul(x, mul, w, b, backend=args.backend)
+        with CommDebugMode() as comm_bwd:
+            gx, gmul, gw, gb = torch.autograd.grad(out, (x, mul, w, b), g)
+        placements_ok = (
+            out.placements == gx.placements == gmul.placements == (Shard(d),)
+            and gw.placements == gb.placements == (Partial(),)
+        )
+        results += _sharded_results(
+            f"poly_norm_mul Shard({d})", comm_fwd.get_total_counts() + comm_bwd.get_total_counts(), placements_ok,
+            exact={"out": (out, out_ref), "dx": (gx, mul_grads_ref[0]), "dmul": (gmul, mul_grads_ref[1])},
+            reduced={"dw": (gw, mul_grads_ref[2]), "db": (gb, mul_grads_ref[3])},
+        )
+
+    # The grouped PolyNorm: Replicate() only. Three experts over the 2-D rows of x, uneven,
+    # one empty, and rows past the last offset that belong to no expert.
+    x2_full = x_full.reshape(-1, x_full.shape[-1])
+    g2_full = g_full.reshape(x2_full.shape)
+    rows = x2_full.shape[0]
+    offsets_full = torch.tensor([rows // 5, rows // 5, rows - 7], device=device)
+    gw_full = torch.tensor([[0.3, -0.4, 0.9], [0.5, 0.5, 0.5], [-0.2, 0.8, 0.1]], device=device)
+    gb_full = torch.tensor([0.1, 0.0, -0.3], device=device)
+    leaves = [t.clone().requires_grad_() for t in (x2_full, gw_full, gb_full)]
+    y_ref = polynorm.poly_norm_grouped(leaves[0], leaves[1], leaves[2], offsets_full, backend=args.backend)
+    grads_ref = torch.autograd.grad(y_ref, leaves, g2_full)
+    for placement in (Replicate(), Shard(0)):
+        x = shard(x2_full, placement)
+        w, b = shard(gw_full, Replicate()), shard(gb_full, Replicate())
+        offsets = shard(offsets_full, Replicate())
+        with CommDebugMode() as comm_fwd:
+            y = polynorm.poly_norm_grouped(x, w, b, offsets, backend=args.backend)
+        g = distribute_tensor(g2_full, mesh, [Replicate()])
+        with CommDebugMode() as comm_bwd:
+            gx, gw, gb = torch.autograd.grad(y, (x, w, b), g)
+        # Each rank computes every row: every output, the gradients included, is whole on every
+        # rank. (With x sharded, the op saved x's shard for backward, which is gathered again.)
+        placements_ok = all(t.placements == (Replicate(),) for t in (y, gx, gw, gb))
+        exact = {"y": (y, y_ref), "dx": (gx, grads_ref[0]), "dw": (gw, grads_ref[1]), "db": (gb, grads_ref[2])}
+        if placement == Replicate():
+            comm = comm_fwd.get_total_counts() + comm_bwd.get_total_counts()
+            results += _sharded_results("poly_norm_grouped Replicate", comm, placements_ok, exact, {})
+        else:  # x's rows are gathered first: communication, and still one process's results
+            results += _sharded_results("poly_norm_grouped Shard(0), gathered", None, placements_ok, exact, {})
+            gathered = comm_fwd.get_total_counts() > 0 and comm_bwd.get_total_counts() > 0
+            results.append(("poly_norm_grouped Shard(0): x gathered in forward and backward (0: yes)",
+                            0.0 if gathered else 1.0, 0))
     return results
 
 

@@ -2,17 +2,26 @@
 
 PolyNorm is the activation of Zhuo et al., "Polynomial Composition Activations: Unleashing
 the Dynamics of Large Language Models", arXiv:2411.03884. The model (``lm_model.py``) is a
-byte-level decoder-only transformer whose MLPs use ``polynorm.PolyNorm``, in the PolyCom form
-``down(PolyNorm(up(x)))`` and in Motif's gated form ``down(PolyNorm(gate(x)) * up(x))``. The
-text (``lm_data.py``) is the source of Python's own standard library.
+byte-level decoder-only transformer whose MLPs use PolyNorm, in the PolyCom form
+``down(PolyNorm(up(x)))`` (``polynorm.PolyNorm``) and in Motif's gated form
+``down(PolyNorm(gate(x)) * up(x))``, where PolyNorm and the multiply are the fused op
+(``polynorm.FusedMulPolyNorm``, ``polynorm.poly_norm_mul``). The text (``lm_data.py``) is the
+source of Python's own standard library.
 
-Rows (one PolyNorm implementation each; everything else in the model is the same code):
+Rows (one PolyNorm implementation each; everything else in the model is the same code; the
+lock-step and throughput tables' "activation" column says what each row's MLPs run):
 
-- ``reference``: ``polynorm.reference.poly_norm`` (plain PyTorch, fp32 compute); the baseline;
+- ``reference``: ``polynorm.reference.poly_norm`` / ``poly_norm_mul`` (plain PyTorch, fp32
+  compute, the product rounded once); the baseline;
 - ``cuda`` / ``triton`` on a GPU; ``cpu`` (the C++ kernel, backend ``"auto"`` on CPU tensors)
-  on the CPU; ``liger`` (Liger-Kernel's ``LigerPolyNormFunction``) where it imports;
-- ``reference-fp64``: the reference computed in float64 and rounded once: a correct PolyNorm
-  that only rounds differently (more exactly), which measures the rounding floor.
+  on the CPU: ``poly_norm`` in the PolyCom form, the fused ``poly_norm_mul``
+  (``polynorm::mul_forward`` / ``mul_backward``, or ``mul_forward_triton`` /
+  ``mul_backward_triton``) in the gated form;
+- ``liger`` (Liger-Kernel's ``LigerPolyNormFunction``) where it imports: Liger has no fused
+  op, so in the gated form its PolyNorm, then ``*``;
+- ``reference-fp64``: the reference computed in float64 and rounded once (in the gated form
+  ``reference.poly_norm_mul`` in float64, the fused op's exact twin): a correct PolyNorm that
+  only rounds differently (more exactly), which measures the rounding floor.
 
 For each MLP form and each precision (fp32; bf16 autocast with fp32 parameters) the model is
 built once from a fixed seed, and two comparisons run, reported separately:
@@ -80,7 +89,7 @@ import polynorm  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lm_data import batch_starts, build_corpus, get_batch  # noqa: E402
-from lm_model import ModelConfig, TinyLM, liger_available, make_poly_norm  # noqa: E402
+from lm_model import ModelConfig, TinyLM, activation_op, liger_available, make_activation  # noqa: E402
 
 __all__ = [
     "FLOOR_FACTOR", "FLOOR_MIN", "FREE_FACTOR", "PRESETS", "SPIKE_FACTOR", "TrainConfig", "free_running_verdict", "lock_step",
@@ -167,12 +176,16 @@ README_TOLERANCES = """\
   up to ~8 and stays far below the faults below. Measured on a CPU (the C++ kernel): at
   most 1.6 floors in fp32 and 2.2 in bf16 over the tiny preset's 100 steps; 2.4 and 3.4 in
   CI's 40 steps (fewer steps to take the floor's largest over).
-- Faults it catches (tests/test_training.py, an autograd.Function around the C++ kernel,
-  tiny preset, 40 steps; 100 steps in brackets): grad_weight scaled by (1 + 1e-4) in fp32,
-  200-480 floors (300-320), on PolyNorm's own parameters, while the loss stays within its
-  bound; y one bf16 ulp off in one column in bf16, 28-270 floors (43-110). Each in the
-  other precision is no fault at that resolution: 1e-4 on grad_weight is 3-4 floors in
-  bf16, one fp32 ulp in a column of y 1.5 floors in fp32.
+- Faults it catches (tests/test_training.py, an autograd.Function around the C++ kernel:
+  polynorm::forward / backward in the PolyCom form, the fused mul_forward / mul_backward in
+  the gated form; tiny preset, seed 0, 40 steps, PolyCom / gated; 100 steps in brackets;
+  measured on a CPU): grad_weight scaled by (1 + 1e-4) in fp32, 201 / 451 floors
+  (295 / 310), on PolyNorm's own parameters, while the loss stays within its bound; the
+  fused op's grad_mul scaled by (1 + 1e-4) in fp32, 619 floors (479), on up's weight, the
+  loss within its bound; y (the fused op's out) one bf16 ulp off in one column in bf16,
+  27 / 134 floors (43 / 73). Each in the other precision is no fault at that resolution:
+  1e-4 on grad_weight is 3-4 floors in bf16, one fp32 ulp in a column of y 1.5 floors in
+  fp32.
 - Free-running. Each backend also trains its own trajectory. Rounding differences compound
   there (AdamW divides by sqrt(v) and amplifies them: on an H200, 200 steps of the 6 x 768
   model at batch 16 moved the float64 twin's fp32 losses by 4e-3 relative and a module's
@@ -189,8 +202,9 @@ README_TOLERANCES = """\
   and not reference runs over other seeds: a seed changes the initial weights and the data
   order, a spread far wider than rounding's (a loose bound) that takes several more runs
   to estimate; the twin takes one run and measures what a kernel changes, the rounding.
-  Measured on a CPU (100 steps): spreads of 1.2e-7 in fp32 (the minimum) and 1.6-4.0e-4
-  in bf16; the C++ kernel's validation loss moved 7-9e-9 and 4-5e-5, at most 0.3 spreads.
+  Measured on a CPU (100 steps): spreads of 1.2e-7 in fp32 (the minimum) and 1.6-6.8e-4
+  in bf16; the C++ kernel's validation loss moved 7-9e-9 and 3.7-4.9e-5, at most 0.3
+  spreads.
 - The loss must fall: the mean of the last 10 steps at most LOSS_DROP (0.7) x step 0, for
   the reference and every free-running backend."""
 
@@ -378,10 +392,11 @@ def sequence_losses(model: TinyLM, data: Data, config: TrainConfig, dtype: str) 
 
 
 def poly_norm_modules(model: TinyLM, label: str) -> list[nn.Module]:
-    """Row ``label``'s PolyNorm for each block, sharing the parameters of the block's PolyNorm."""
+    """Row ``label``'s activation for each block (``lm_model.make_activation``: its PolyNorm, or
+    in the gated form its fused PolyNorm x mul), sharing the parameters of the block's."""
     modules = []
     for block in model.blocks:
-        act = make_poly_norm(backend_of(label), model.config.eps)
+        act = make_activation(model.config.mlp, backend_of(label), model.config.eps)
         act.weight, act.bias = block.mlp.act.weight, block.mlp.act.bias
         modules.append(act)
     return modules
@@ -428,7 +443,8 @@ def lock_step(
 
     Returns ``{"labels", "modules", "losses" (rows, steps), "loss_dev" (rows, steps),
     "grad_dev" (rows, steps, modules), "val" (the driver's per-sequence validation losses),
-    "errors" {label: message}, "perf" {label: {tokens_per_s, peak_mib, saved_mib}}}``, tensors
+    "errors" {label: message}, "perf" {label: {tokens_per_s, peak_mib, saved_mib}},
+    "ops" {label: what its activation computes (``lm_model.activation_op``)}}``, tensors
     float64 on the CPU.
     """
     model = TinyLM(model_config, backend=backend_of(labels[0]))
@@ -523,6 +539,7 @@ def lock_step(
         "val": sequence_losses(model, data, config, dtype),
         "errors": errors,
         "perf": perf,
+        "ops": {label: activation_op(acts[label][0]) for label in rows},
     }
 
 
@@ -746,7 +763,8 @@ def _compare_group(rows, model_config, init_state, config, dtype, data, device, 
     twin = free.get(FLOOR_LABEL, {"val": torch.full_like(lock["val"], math.nan)})["val"]
     group = []
     for label in rows:
-        run = {"label": label, "backend": backend_of(label), "mlp": mlp, "dtype": dtype}
+        run = {"label": label, "backend": backend_of(label), "mlp": mlp, "dtype": dtype,
+               "op": lock["ops"].get(label, "-")}
         if label in lock["errors"]:
             run["error"] = lock["errors"][label]
         run["lock"] = verdicts.get(label)
@@ -795,12 +813,12 @@ def _fmt(v, spec=".1e") -> str:
 
 def lock_step_table(report: dict) -> str:
     rows = [
-        "| MLP | dtype | backend | rel dloss: largest / mean | worst module: rel dgrad, largest / mean "
+        "| MLP | dtype | backend | activation | rel dloss: largest / mean | worst module: rel dgrad, largest / mean "
         f"| in floors (bound {FLOOR_FACTOR:g}) | verdict |",
-        "|---|---|---|---:|---:|---:|---|",
+        "|---|---|---|---|---:|---:|---:|---|",
     ]
     for run in report["runs"]:
-        head = f"| {run['mlp']} | {run['dtype']} | {run['label']} "
+        head = f"| {run['mlp']} | {run['dtype']} | {run['label']} | {run.get('op', '-')} "
         lock = run["lock"]
         if lock is None:
             verdict = f"FAILED: {run['error'][:80]}" if "error" in run else "drives (the baseline)"
@@ -855,9 +873,9 @@ def free_running_table(report: dict) -> str:
 
 def performance_table(report: dict) -> str:
     rows = [
-        "| MLP | dtype | backend | tokens/s (forward + backward) | vs reference | peak memory of a step (MiB) "
-        "| saved for backward (MiB) |",
-        "|---|---|---|---:|---:|---:|---:|",
+        "| MLP | dtype | backend | activation | tokens/s (forward + backward) | vs reference "
+        "| peak memory of a step (MiB) | saved for backward (MiB) |",
+        "|---|---|---|---|---:|---:|---:|---:|",
     ]
     refs = {(r["mlp"], r["dtype"]): r["perf"] for r in report["runs"] if r["label"] == "reference"}
     for run in report["runs"]:
@@ -868,8 +886,8 @@ def performance_table(report: dict) -> str:
         speedup = f"{perf['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref and ref["tokens_per_s"] else "-"
         peak = "-" if perf["peak_mib"] is None else f"{perf['peak_mib']:.0f}"
         rows.append(
-            f"| {run['mlp']} | {run['dtype']} | {run['label']} | {perf['tokens_per_s']:,.0f} | {speedup} "
-            f"| {peak} | {perf['saved_mib']:.1f} |"
+            f"| {run['mlp']} | {run['dtype']} | {run['label']} | {run.get('op', '-')} "
+            f"| {perf['tokens_per_s']:,.0f} | {speedup} | {peak} | {perf['saved_mib']:.1f} |"
         )
     return "\n".join(rows)
 

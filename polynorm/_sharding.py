@@ -10,17 +10,42 @@ is computed shard by shard with no communication:
   and grad_weight and grad_bias ``Partial()`` (each rank holds the sum over its rows; the
   sum over ranks is the gradient, reduced when the Partial is redistributed or read with
   ``full_tensor()``).
+- The fused PolyNorm x mul, ``mul_forward (x, mul, weight, bias, eps) -> (out, rstd)``: mul
+  is sharded like x (``Shard(d)``), out comes out ``Shard(d)`` and rstd ``Shard(0)``;
+  ``mul_backward (grad_out, x, mul, weight, bias, rstd) -> (grad_x, grad_mul, grad_weight,
+  grad_bias)``: grad_out, x and mul ``Shard(d)``, weight and bias ``Replicate()``, rstd
+  ``Shard(0)``; grad_x and grad_mul come out ``Shard(d)``, grad_weight and grad_bias
+  ``Partial()``. Each row of out is that row's PolyNorm times the same row of mul, so a
+  shard's rows need nothing from another rank's.
 - Everything ``Replicate()`` is also accepted, and DTensor redistributes other layouts
-  (a sharded last dimension, sharded parameters) to one of these before the op runs.
+  (a sharded last dimension, sharded parameters, an x and a mul sharded differently) to one
+  of these before the op runs.
 
 rstd is the forward's cache for backward, ``[rows, 3]`` with rows = x's leading
 dimensions flattened. For d = 0 its ``Shard(0)`` is exact; for d > 0 each rank's rows are
 its own shard's rows, so the global view of rstd lists the rows shard by shard. Backward
 takes it back in that same layout, which is all rstd is for; do not redistribute it.
 
-Registered on import of :mod:`polynorm` when ``torch.distributed`` is available, for
-``polynorm::forward``/``backward`` and, when Triton is installed,
-``polynorm::forward_triton``/``backward_triton``.
+The grouped PolyNorm (``grouped_forward (x, weight, bias, offsets, eps) -> (y, rstd)``,
+``grouped_backward (grad_y, x, weight, offsets, rstd) -> (grad_x, grad_weight,
+grad_bias)``) gets one rule: every tensor ``Replicate()``, every output ``Replicate()``.
+Its offsets are global row indices into x, so a rank holding a shard of the rows would
+read them against the wrong rows: no row sharding is right without rewriting offsets per
+shard, which is the token dispatch's work, not the op's. An x sharded on its rows is
+therefore gathered by DTensor (an all-gather in forward, and of grad_y in backward) and
+every rank computes all rows: correct, not parallel. offsets must be a DTensor too
+(``Replicate()``; DTensor refuses a plain tensor next to DTensors). For expert
+parallelism, call :func:`polynorm.poly_norm_grouped` on each rank's local tokens and
+offsets, as plain tensors.
+
+Not registered: ``polynorm::forward_tensor_eps`` and ``mul_forward_tensor_eps``. Eagerly
+the public functions turn every eps into a Python float and call the ops above; those two
+are reached only from a graph that torch.compile traced with a tensor eps.
+
+Registered on import of :mod:`polynorm` when ``torch.distributed`` is available, for every
+op above that exists in this process: ``polynorm::forward``/``backward``,
+``mul_forward``/``mul_backward``, ``grouped_forward``/``grouped_backward`` and, when Triton
+is installed, their ``_triton`` twins.
 """
 
 import torch
@@ -50,10 +75,55 @@ def _backward_sharding(grad_y, x, weight, rstd):
     return rules
 
 
+def _mul_forward_sharding(x, mul, weight, bias, eps=_NOT_GIVEN):
+    # Placements: outputs [out, rstd], then inputs [x, mul, weight, bias] and eps when it was passed.
+    scalar = [] if eps is _NOT_GIVEN else [None]
+    rules = [([Replicate(), Replicate()], [Replicate(), Replicate(), Replicate(), Replicate(), *scalar])]
+    for d in range(x.ndim - 1):
+        rules.append(([Shard(d), Shard(0)], [Shard(d), Shard(d), Replicate(), Replicate(), *scalar]))
+    return rules
+
+
+def _mul_backward_sharding(grad_out, x, mul, weight, bias, rstd):
+    # Placements: outputs [grad_x, grad_mul, grad_weight, grad_bias], then inputs
+    # [grad_out, x, mul, weight, bias, rstd].
+    rules = [([Replicate()] * 4, [Replicate()] * 6)]
+    for d in range(x.ndim - 1):
+        rules.append((
+            [Shard(d), Shard(d), Partial(), Partial()],
+            [Shard(d), Shard(d), Shard(d), Replicate(), Replicate(), Shard(0)],
+        ))
+    return rules
+
+
+def _grouped_forward_sharding(x, weight, bias, offsets, eps=_NOT_GIVEN):
+    # Replicate only (offsets index x's global rows; see the module's docstring). Placements:
+    # outputs [y, rstd], then inputs [x, weight, bias, offsets] and eps when it was passed.
+    scalar = [] if eps is _NOT_GIVEN else [None]
+    return [([Replicate(), Replicate()], [Replicate()] * 4 + scalar)]
+
+
+def _grouped_backward_sharding(grad_y, x, weight, offsets, rstd):
+    # Replicate only. Placements: outputs [grad_x, grad_weight, grad_bias], then inputs
+    # [grad_y, x, weight, offsets, rstd].
+    return [([Replicate()] * 3, [Replicate()] * 5)]
+
+
+_RULES = {
+    "forward": _forward_sharding,
+    "backward": _backward_sharding,
+    "mul_forward": _mul_forward_sharding,
+    "mul_backward": _mul_backward_sharding,
+    "grouped_forward": _grouped_forward_sharding,
+    "grouped_backward": _grouped_backward_sharding,
+}
+
+
 def register() -> None:
-    """Registers the rules above for every polynorm op that exists in this process."""
-    pairs = [("forward", "backward"), ("forward_triton", "backward_triton")]
-    for fwd, bwd in pairs:
-        if hasattr(torch.ops.polynorm, fwd) and hasattr(torch.ops.polynorm, bwd):
-            register_sharding(getattr(torch.ops.polynorm, fwd).default)(_forward_sharding)
-            register_sharding(getattr(torch.ops.polynorm, bwd).default)(_backward_sharding)
+    """Registers the rules above for every polynorm op that exists in this process (the
+    ``_triton`` ops exist when Triton is installed); a forward and its backward together."""
+    for fwd, bwd in [("forward", "backward"), ("mul_forward", "mul_backward"), ("grouped_forward", "grouped_backward")]:
+        for suffix in ("", "_triton"):
+            if hasattr(torch.ops.polynorm, fwd + suffix) and hasattr(torch.ops.polynorm, bwd + suffix):
+                register_sharding(getattr(torch.ops.polynorm, fwd + suffix).default)(_RULES[fwd])
+                register_sharding(getattr(torch.ops.polynorm, bwd + suffix).default)(_RULES[bwd])

@@ -1,10 +1,17 @@
 """Multi-device and distributed use: the device guard, DDP and FSDP2 training parity, and
 DTensor sequence parallelism (``examples/train_distributed.py``).
 
-- CPU (CI): two processes with gloo, through ``torchrun``, for each mode.
+- CPU (CI): two processes with gloo, through ``torchrun``, for each mode; sequence
+  parallelism also with the Triton backend under ``TRITON_INTERPRET=1`` (its ``_triton`` ops'
+  sharding rules).
 - GPU: the same with NCCL on two GPUs for the CUDA and Triton backends, and the device-guard
   checks; they skip with a reason on a machine with fewer than two GPUs. NVLink multicast
   stays off (``NCCL_NVLS_ENABLE=0`` and the related variables) as the device machines require.
+
+Sequence parallelism (``--mode sp``) covers PolyNorm, the fused PolyNorm x mul (x and mul
+sharded alike on the batch or the sequence: no communication, out, dx and dmul bitwise, dw and
+db Partial) and the grouped PolyNorm (Replicate only: ``polynorm/_sharding.py``); ``_check``
+requires each of those checks by name, so none can silently drop out of the script.
 """
 
 import os
@@ -42,11 +49,30 @@ def _env(**extra) -> dict:
     return env
 
 
+# The sequence-parallel checks that must each be printed as held (examples/train_distributed.py).
+SP_CHECKS = [
+    *(f"{op} Shard({d}): {what}" for d in (0, 1) for op, names in (
+        ("poly_norm", ("y bitwise", "dx bitwise", "dw reduced", "db reduced")),
+        ("poly_norm_mul", ("out bitwise", "dx bitwise", "dmul bitwise", "dw reduced", "db reduced")),
+    ) for what in ("collectives in forward + backward", "placements", *names)),
+    *(f"poly_norm_grouped Replicate: {what}" for what in
+      ("collectives in forward + backward", "placements", "y bitwise", "dx bitwise", "dw bitwise", "db bitwise")),
+    *(f"poly_norm_grouped Shard(0), gathered: {what}" for what in
+      ("placements", "y bitwise", "dx bitwise", "dw bitwise", "db bitwise")),
+    "poly_norm_grouped Shard(0): x gathered in forward and backward",
+]
+
+
 def _check(proc: subprocess.CompletedProcess, mode: str, device: str) -> None:
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert f"train_distributed --mode {mode}: 2 ranks on {device}" in proc.stdout, out[-4000:]
     assert "all checks hold" in proc.stdout, out[-4000:]
+    if mode == "sp":
+        held = {line.strip()[len("ok"):].strip().rpartition(":")[0] for line in proc.stdout.splitlines()
+                if line.strip().startswith("ok ")}
+        missing = [name for name in SP_CHECKS if not any(h.startswith(name) for h in held)]
+        assert not missing, f"checks not printed as held: {missing}\n{proc.stdout[-4000:]}"
 
 
 @requires_dist
@@ -54,6 +80,14 @@ def _check(proc: subprocess.CompletedProcess, mode: str, device: str) -> None:
 def test_two_processes_on_cpu(mode):
     # CUDA_VISIBLE_DEVICES="" keeps the ranks on gloo and the CPU kernel even on a GPU machine.
     _check(torchrun(mode, "auto", _env(CUDA_VISIBLE_DEVICES="")), mode, "cpu")
+
+
+@requires_dist
+@requires_triton
+def test_sequence_parallel_triton_on_cpu():
+    # The Triton ops' sharding rules (forward_triton, mul_forward_triton, grouped_forward_triton
+    # and their backwards), their kernels run by Triton's interpreter on the CPU ranks.
+    _check(torchrun("sp", "triton", _env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")), "sp", "cpu")
 
 
 @requires_two_gpus

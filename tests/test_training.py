@@ -9,12 +9,17 @@ own run, final validation loss against the float64 twin's spread). Here:
 - the bounds and verdicts on made-up numbers, so each way to fail is seen failing;
 - CPU (CI): the tiny preset for 40 steps, the C++ kernel (``cpu``) against the reference, in
   fp32 and bf16 autocast; the lock-step driver's trajectory is a plain training run's;
-- fault injection: the C++ kernel wrapped in an autograd.Function that scales grad_weight by
-  (1 + 1e-4) (fp32) or moves y by one bf16 ulp in one column (bf16) fails lock-step, while
-  the unmodified kernel and the fault-free wrapper pass in the same run;
+- the gated MLP runs the fused PolyNorm x mul (``polynorm::mul_forward`` / ``mul_backward``,
+  or their Triton twins) for every polynorm backend, and every row keeps the same parameter
+  names;
+- fault injection: the C++ kernel wrapped in an autograd.Function (``polynorm::forward`` /
+  ``backward`` in the PolyCom form, the fused ``mul_forward`` / ``mul_backward`` in the gated
+  form) that scales grad_weight by (1 + 1e-4) (fp32), scales grad_mul by (1 + 1e-4) (fp32,
+  the fused op) or moves y (the fused op: out) by one bf16 ulp in one column (bf16) fails
+  lock-step, while the unmodified kernel and the fault-free wrapper pass in the same run;
 - the main job's exit status;
 - GPU: ``cuda``, ``triton`` and the reference over a short run of a mid-size model, fp32 and
-  bf16 (skipped with a reason without CUDA).
+  bf16, the gated rows through the fused op (skipped with a reason without CUDA).
 """
 
 import contextlib
@@ -27,9 +32,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import polynorm
-from _matrix import requires_cuda
+from _matrix import HAS_TRITON, INTERPRET, requires_cuda
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "examples"))
@@ -216,15 +222,152 @@ def test_lock_step_driver_trains_like_a_plain_run():
 
 
 # ---------------------------------------------------------------------------------------
+# The gated MLP runs the fused op
+# ---------------------------------------------------------------------------------------
+
+
+class PolyNormOps(TorchDispatchMode):
+    """Records the ``polynorm::*`` ops that reach the dispatcher below autograd."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "polynorm":
+            self.ops.append(func.name())
+        return func(*args, **(kwargs or {}))
+
+
+TRITON_ON_CPU = pytest.mark.skipif(
+    not (HAS_TRITON and INTERPRET), reason="Triton on CPU tensors needs the triton package and TRITON_INTERPRET=1"
+)
+
+
+@pytest.mark.parametrize("mlp", FORMS)
+@pytest.mark.parametrize("label, device, ops", [
+    ("cpu", "cpu", {"polycom": ["polynorm::forward", "polynorm::backward"],
+                    "gated": ["polynorm::mul_forward", "polynorm::mul_backward"]}),
+    pytest.param("triton", "cpu", {"polycom": ["polynorm::forward_triton", "polynorm::backward_triton"],
+                                   "gated": ["polynorm::mul_forward_triton", "polynorm::mul_backward_triton"]},
+                 marks=TRITON_ON_CPU),
+    pytest.param("cuda", "cuda", {"polycom": ["polynorm::forward", "polynorm::backward"],
+                                  "gated": ["polynorm::mul_forward", "polynorm::mul_backward"]}, marks=requires_cuda),
+    pytest.param("triton", "cuda", {"polycom": ["polynorm::forward_triton", "polynorm::backward_triton"],
+                                    "gated": ["polynorm::mul_forward_triton", "polynorm::mul_backward_triton"]},
+                 marks=[requires_cuda, pytest.mark.skipif(not HAS_TRITON, reason="needs the triton package")]),
+])
+def test_each_mlp_form_runs_its_op(label, device, ops, mlp):
+    """The gated MLP's activation is the fused op, one forward and one backward per block, and
+    no PolyNorm op of its own; the PolyCom MLP's is PolyNorm's."""
+    config = lm_model.ModelConfig(n_layer=2, hidden_size=64, n_head=4, seq_len=16, mlp=mlp)
+    torch.manual_seed(0)
+    model = lm_model.TinyLM(config, backend=train_lm.backend_of(label)).to(device)
+    act = model.blocks[0].mlp.act
+    assert isinstance(act, polynorm.FusedMulPolyNorm if mlp == "gated" else polynorm.PolyNorm)
+    assert lm_model.activation_op(act) == ("fused " if mlp == "gated" else "") + ops[mlp][0]
+    idx = torch.randint(0, 256, (2, 16), device=device)
+    with PolyNormOps() as seen:
+        model(idx, idx).backward()
+    assert sorted(seen.ops) == sorted(ops[mlp] * config.n_layer), seen.ops
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for n, p in model.named_parameters() if ".act." in n)
+
+
+class StubLigerPolyNormFunction:
+    """Stands in for Liger-Kernel's ``LigerPolyNormFunction`` where liger_kernel is not installed
+    (``apply(x, weight, bias, eps, in_place)``, bias 0-d): the reference PolyNorm, y rounded to
+    x's dtype, as Liger's is."""
+
+    @staticmethod
+    def apply(x, weight, bias, eps, in_place=True):
+        assert bias.dim() == 0 and in_place is False  # as LigerBacked*PolyNorm call it
+        return polynorm.reference.poly_norm(x, weight, bias, eps)
+
+
+@pytest.fixture
+def liger(monkeypatch):
+    """Liger's PolyNorm: the installed one, else the stub."""
+    if not lm_model.liger_available()[0]:
+        monkeypatch.setattr(lm_model, "_liger_function", lambda: (StubLigerPolyNormFunction, True, ""))
+
+
+def test_every_row_builds_the_same_parameters(liger):
+    """Lock-step shares the parameters between the rows by name: every row's model, whichever
+    activation it runs (the fused op, the float64 twin, Liger's PolyNorm then ``*``), has the
+    same parameter names and shapes, and loads the reference's state bitwise."""
+    labels = ["reference", "cpu", FLOOR, "liger"]
+    for mlp in FORMS:
+        config = lm_model.ModelConfig(mlp=mlp)
+        torch.manual_seed(0)
+        ref = lm_model.TinyLM(config, backend="reference")
+        shapes = {n: p.shape for n, p in ref.named_parameters()}
+        for label in labels:
+            model = lm_model.TinyLM(config, backend=train_lm.backend_of(label))
+            assert {n: p.shape for n, p in model.named_parameters()} == shapes, (mlp, label)
+            model.load_state_dict(ref.state_dict())
+            assert all(torch.equal(p, shapes_p) for p, shapes_p in zip(model.parameters(), ref.parameters()))
+            act = model.blocks[0].mlp.act
+            assert isinstance(act, polynorm.FusedMulPolyNorm if mlp == "gated" else polynorm.PolyNorm), (mlp, label)
+
+
+def test_liger_gated_rows_run_polynorm_then_mul(liger):
+    """Liger has no fused op: its gated row runs its PolyNorm, y rounded to x's dtype, then
+    ``*``; the lock-step comparison runs it beside the fused rows, reports it and does not
+    enforce it."""
+    gen = torch.Generator().manual_seed(7)
+    x, mul = torch.randn(2, 8, 96, generator=gen).to(torch.bfloat16).unbind(0)
+    act = lm_model.make_mul_poly_norm("liger", 1e-6)
+    assert isinstance(act, polynorm.FusedMulPolyNorm) and lm_model.activation_op(act) == "Liger PolyNorm, then *"
+    y = act._fn.apply(x, act.weight, act.bias.view(()), act.eps, False)
+    assert y.dtype == torch.bfloat16 and torch.equal(act(x, mul), y * mul)
+    report = train_lm.run_comparison(CPU_CONFIG, torch.device("cpu"), mlps=["gated"], dtypes=["bf16"],
+                                     labels=["cpu", "liger"], free_running=False, progress=False)
+    runs = _runs(report, "gated", "bf16")
+    assert runs["liger"]["op"] == "Liger PolyNorm, then *" and "error" not in runs["liger"]
+    assert runs["cpu"]["op"] == "fused polynorm::mul_forward" and runs["cpu"]["lock"]["agrees"]
+    assert "| gated | bf16 | liger | Liger PolyNorm, then * |" in train_lm.lock_step_table(report)
+    assert not train_lm.enforced("liger")
+    if lm_model._liger_function()[0] is StubLigerPolyNormFunction:
+        # The stub is the exact PolyNorm rounded to bf16, then the multiply rounded again: the
+        # double rounding a public fork of the fused kernel had. Lock-step sees it (130 floors
+        # on a CPU; the fused kernel 1.4).
+        assert not runs["liger"]["lock"]["agrees"], runs["liger"]["lock"]["floors"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_float64_twin_of_the_fused_op(dtype):
+    """The gated form's floor row computes ``reference.poly_norm_mul`` in float64, PolyNorm and
+    the product, rounded once: bitwise the float64 oracle rounded to x's dtype. (The fp32
+    reference differs from it in fp32, PolyNorm's y rounded before the multiply in bf16.)"""
+    gen = torch.Generator().manual_seed(5)
+    x, mul = torch.randn(2, 8, 96, generator=gen).to(dtype).unbind(0)
+    act = lm_model.make_mul_poly_norm(FLOOR, 1e-6)
+    with torch.no_grad():
+        act.weight.copy_(torch.tensor([0.3, -0.4, 0.9]))
+        act.bias.fill_(0.1)
+        out = act(x, mul)
+    exact = polynorm.reference.poly_norm(x.double(), act.weight.double(), act.bias.double(), 1e-6) * mul.double()
+    assert out.dtype == dtype and lm_model.activation_op(act) == "reference.poly_norm_mul in float64"
+    assert torch.equal(out, exact.to(dtype))
+
+
+# ---------------------------------------------------------------------------------------
 # Fault injection: lock-step catches a kernel that is slightly wrong
 # ---------------------------------------------------------------------------------------
+
+
+def _one_ulp_up_in_column_0(t):
+    """t with column 0 moved by one ulp of its dtype, towards +inf."""
+    t = t.clone()
+    t[..., 0] = torch.nextafter(t[..., 0], torch.tensor(math.inf, dtype=t.dtype))
+    return t
 
 
 class FaultyPolyNormFunction(torch.autograd.Function):
     """``torch.ops.polynorm.forward`` / ``backward`` (the C++ kernel on the CPU) with one fault:
 
     - ``"grad_weight"``: grad_weight scaled by (1 + 1e-4);
-    - ``"y_ulp"``: y moved by one ulp of its dtype (towards +inf) in column 0;
+    - ``"out_ulp"``: y moved by one ulp of its dtype (towards +inf) in column 0;
     - ``None``: no fault (the wrapper alone must change nothing).
     """
 
@@ -233,10 +376,7 @@ class FaultyPolyNormFunction(torch.autograd.Function):
         y, rstd = torch.ops.polynorm.forward(x, weight, bias, eps)
         ctx.save_for_backward(x, weight, rstd)
         ctx.fault = fault
-        if fault == "y_ulp":
-            y = y.clone()
-            y[..., 0] = torch.nextafter(y[..., 0], torch.tensor(math.inf, dtype=y.dtype))
-        return y
+        return _one_ulp_up_in_column_0(y) if fault == "out_ulp" else y
 
     @staticmethod
     def backward(ctx, grad_y):
@@ -247,27 +387,74 @@ class FaultyPolyNormFunction(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias, None, None
 
 
+class FaultyMulPolyNormFunction(torch.autograd.Function):
+    """The fused ``torch.ops.polynorm.mul_forward`` / ``mul_backward`` (the C++ kernel on the
+    CPU) with one fault:
+
+    - ``"grad_weight"``: grad_weight scaled by (1 + 1e-4);
+    - ``"grad_mul"``: grad_mul scaled by (1 + 1e-4);
+    - ``"out_ulp"``: out moved by one ulp of its dtype (towards +inf) in column 0;
+    - ``None``: no fault (the wrapper alone must change nothing).
+    """
+
+    @staticmethod
+    def forward(ctx, x, mul, weight, bias, eps, fault):
+        out, rstd = torch.ops.polynorm.mul_forward(x, mul, weight, bias, eps)
+        ctx.save_for_backward(x, mul, weight, bias, rstd)
+        ctx.fault = fault
+        return _one_ulp_up_in_column_0(out) if fault == "out_ulp" else out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, mul, weight, bias, rstd = ctx.saved_tensors
+        grad_x, grad_mul, grad_weight, grad_bias = torch.ops.polynorm.mul_backward(
+            grad_out.contiguous(), x, mul, weight, bias, rstd
+        )
+        if ctx.fault == "grad_weight":
+            grad_weight = grad_weight * (1 + 1e-4)
+        if ctx.fault == "grad_mul":
+            grad_mul = grad_mul * (1 + 1e-4)
+        return grad_x, grad_mul, grad_weight, grad_bias, None, None
+
+
 class FaultyPolyNorm(polynorm.PolyNorm):
     """``polynorm.PolyNorm`` through ``FaultyPolyNormFunction``."""
 
     def __init__(self, eps: float = 1e-6, fault: str | None = None) -> None:
         super().__init__(eps=eps, backend="auto")
         self.fault = fault
+        self.op = f"polynorm::forward, fault {fault}"
 
     def forward(self, x):
         return FaultyPolyNormFunction.apply(x, self.weight, self.bias, self.eps, self.fault)
 
 
-@pytest.mark.parametrize("fault, dtype", [
+class FaultyMulPolyNorm(polynorm.FusedMulPolyNorm):
+    """``polynorm.FusedMulPolyNorm`` through ``FaultyMulPolyNormFunction``."""
+
+    def __init__(self, eps: float = 1e-6, fault: str | None = None) -> None:
+        super().__init__(eps=eps, backend="auto")
+        self.fault = fault
+        self.op = f"fused polynorm::mul_forward, fault {fault}"
+
+    def forward(self, x, mul):
+        return FaultyMulPolyNormFunction.apply(x, mul, self.weight, self.bias, self.eps, self.fault)
+
+
+@pytest.mark.parametrize("fault, dtype, mlps", [
     # 1e-4 is far above fp32 rounding and far below bf16's, where it would be no fault at all.
-    ("grad_weight", "fp32"),
-    # One bf16 ulp is bf16 rounding's own step; in fp32 one bf16 ulp is a gross error.
-    ("y_ulp", "bf16"),
+    ("grad_weight", "fp32", FORMS),
+    # One bf16 ulp is bf16 rounding's own step; in fp32 one bf16 ulp is a gross error. In the
+    # gated form the fused op's output, PolyNorm times mul, is off.
+    ("out_ulp", "bf16", FORMS),
+    # The fused op's gradient of mul (up(x)'s), which no PolyNorm parameter sees.
+    ("grad_mul", "fp32", ["gated"]),
 ])
-def test_lock_step_catches_a_faulty_kernel(monkeypatch, fault, dtype):
-    monkeypatch.setitem(lm_model.POLY_NORMS, "cpu-wrapped", FaultyPolyNorm)
-    monkeypatch.setitem(lm_model.POLY_NORMS, f"cpu-{fault}", functools.partial(FaultyPolyNorm, fault=fault))
-    report = train_lm.run_comparison(CPU_CONFIG, torch.device("cpu"), mlps=FORMS, dtypes=[dtype],
+def test_lock_step_catches_a_faulty_kernel(monkeypatch, fault, dtype, mlps):
+    for registry, module in ((lm_model.POLY_NORMS, FaultyPolyNorm), (lm_model.MUL_POLY_NORMS, FaultyMulPolyNorm)):
+        monkeypatch.setitem(registry, "cpu-wrapped", module)
+        monkeypatch.setitem(registry, f"cpu-{fault}", functools.partial(module, fault=fault))
+    report = train_lm.run_comparison(CPU_CONFIG, torch.device("cpu"), mlps=mlps, dtypes=[dtype],
                                      labels=["cpu", "cpu-wrapped", f"cpu-{fault}"], free_running=False,
                                      progress=False)
     for run in report["runs"]:  # the margins, shown with -s or on a failure
@@ -275,8 +462,12 @@ def test_lock_step_catches_a_faulty_kernel(monkeypatch, fault, dtype):
             lock = run["lock"]
             print(f"{run['mlp']} {dtype} {run['label']}: {lock['floors']:.2f} floors "
                   f"(bound {train_lm.FLOOR_FACTOR:g}; {lock['worst_module']})")
-    for mlp in FORMS:
+    for mlp in mlps:
         runs = _runs(report, mlp, dtype)
+        # Each row ran its form's op: the gated rows the fused PolyNorm x mul, faulty one included.
+        fused = mlp == "gated"
+        for label in ("cpu", "cpu-wrapped", f"cpu-{fault}"):
+            assert runs[label]["op"].startswith("fused polynorm::mul_forward" if fused else "polynorm::forward")
         # The correct kernel passes, and so does the wrapper without a fault (bit for bit the kernel)...
         assert runs["cpu"]["lock"]["agrees"] and runs["cpu-wrapped"]["lock"]["agrees"]
         assert runs["cpu-wrapped"]["lock"]["modules"] == runs["cpu"]["lock"]["modules"]
@@ -284,8 +475,10 @@ def test_lock_step_catches_a_faulty_kernel(monkeypatch, fault, dtype):
         faulty = runs[f"cpu-{fault}"]
         assert not faulty["lock"]["agrees"], f"{mlp}: {fault} within the bounds ({faulty['lock']['floors']:.2f} floors)"
         assert not train_lm.run_ok(faulty) and train_lm.enforced(faulty["label"])
-        if fault == "grad_weight":  # only PolyNorm's weight gradient is wrong, and it is what is caught
-            assert faulty["lock"]["worst_module"].endswith("mlp.act")
+        # A wrong gradient is caught where it lands, while the loss stays within its bound:
+        # PolyNorm's weight gradient on its own parameters, mul's on up's weight.
+        if fault in ("grad_weight", "grad_mul"):
+            assert faulty["lock"]["worst_module"].endswith("mlp.act" if fault == "grad_weight" else "mlp.up")
             assert faulty["lock"]["modules"]["loss"]["floors"] <= train_lm.FLOOR_FACTOR
 
 
@@ -298,7 +491,11 @@ def test_report_files(cpu_report, tmp_path):
     paths = train_lm.write_report(cpu_report, tmp_path)
     assert paths["plot"].stat().st_size > 10_000
     text = paths["markdown"].read_text()
-    assert "| gated | bf16 | cpu |" in text and "DISAGREES" not in text
+    assert "DISAGREES" not in text
+    # The agreement and performance tables say what each row runs: the gated rows the fused op.
+    assert text.count("| gated | bf16 | cpu | fused polynorm::mul_forward |") == 2
+    assert text.count("| polycom | bf16 | cpu | polynorm::forward |") == 2
+    assert "| gated | fp32 | reference-fp64 | reference.poly_norm_mul in float64 |" in text
     assert "## Lock-step" in text and "## Free-running" in text and "tokens/s" in text
 
 
@@ -312,7 +509,7 @@ def test_main_job_exit_status(tmp_path, steps, status):
     assert proc.returncode == status, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"plot: {out / 'loss_curves.png'}" in proc.stdout
     assert (out / "loss_curves.png").is_file() and (out / "summary.json").is_file()
-    assert "| gated | fp32 | cpu |" in proc.stdout
+    assert "| gated | fp32 | cpu | fused polynorm::mul_forward |" in proc.stdout
     if status:
         assert "FAILED" in proc.stdout and "loss does NOT fall" in proc.stdout
 
@@ -343,6 +540,8 @@ def test_gpu_backends_agree_with_the_reference(gpu_report, mlp, dtype):
     for label in ("cuda", "triton"):
         run = runs[label]
         assert "error" not in run, run.get("error")
+        op = "forward_triton" if label == "triton" else "forward"
+        assert run["op"] == (f"fused polynorm::mul_{op}" if mlp == "gated" else f"polynorm::{op}")
         assert run["lock"]["agrees"], f"{label}: {run['lock']['worst_module']} at {run['lock']['floors']:.2f} floors"
         assert run["free"]["agrees"] and run["free"]["loss_falls"], run["free"]
         assert train_lm.run_ok(run)
