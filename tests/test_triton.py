@@ -13,6 +13,7 @@ from _matrix import (
     INTERPRET,
     DTYPES,
     HAS_CUDA,
+    Grads,
     check_against_oracle,
     check_against_oracle_mul,
     closed_form,
@@ -21,6 +22,7 @@ from _matrix import (
     make_rows,
     requires_cuda,
     requires_interpreter,
+    run_backend,
     run_backend_mul,
     seed_for,
     traced_triton_launches,
@@ -173,8 +175,7 @@ def test_module(device):
     g = torch.randn(2, 5, 64, generator=gen).to(device)
     y = module(x)
     y.backward(g)
-    out = type("Out", (), {})()
-    out.y, out.dx, out.dw, out.db = y.detach(), x.grad, module.weight.grad, module.bias.grad
+    out = Grads(y.detach(), x.grad, module.weight.grad, module.bias.grad)
     check_against_oracle(out, x.detach(), g, module.weight.detach(), module.bias.detach(), module.eps, what="module")
 
 
@@ -291,22 +292,13 @@ def _within_ulps_fraction(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor,
     return ok.double().mean().item()
 
 
-def _run(backend, x, g, w, b):
-    x_ = x.detach().clone().requires_grad_(True)
-    w_ = w.detach().clone().requires_grad_(True)
-    b_ = b.detach().clone().requires_grad_(True)
-    y = polynorm.poly_norm(x_, w_, b_, 1e-6, backend=backend)
-    dx, dw, db = torch.autograd.grad(y, (x_, w_, b_), g)
-    return type("Out", (), {"y": y.detach(), "dx": dx, "dw": dw, "db": db})()
-
-
 @requires_cuda
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("M,H", [(7, 1), (83, 769), (512, 4096), (64, 16385), (4, 65536)])
 def test_cuda_triton_parity(M, H, dtype):
     x, g, w, b = _inputs("parity", M, H, dtype, "cuda")
-    cuda = _run("cuda", x, g, w, b)
-    triton_out = _run("triton", x, g, w, b)
+    cuda = run_backend("cuda", x, g, w, b, 1e-6)
+    triton_out = run_backend("triton", x, g, w, b, 1e-6)
     for out, name in ((cuda, "cuda"), (triton_out, "triton")):
         check_against_oracle(out, x, g, w, b, 1e-6, what=f"{name} M={M} H={H} {dtype}")
     if dtype in (torch.float32, torch.float64):
@@ -327,7 +319,7 @@ def test_torch_compile():
     def f(x, w, b):
         return polynorm.poly_norm(x, w, b, 1e-6, backend="triton")
 
-    eager = _run("triton", x, g, w, b)
+    eager = run_backend("triton", x, g, w, b, 1e-6)
     x_ = x.detach().clone().requires_grad_(True)
     w_ = w.detach().clone().requires_grad_(True)
     b_ = b.detach().clone().requires_grad_(True)
