@@ -2,10 +2,10 @@
 // [w0, w1, w2, b] per expert, for mixture-of-experts layers whose rows arrive sorted by expert.
 //
 // Expert e owns rows [offsets[e-1], offsets[e]) (offsets[-1] := 0); a row's expert is found by
-// a binary search of offsets, and the row is then computed exactly as polynorm::forward and
-// polynorm::backward compute it on the CPU (polynorm_cpu.cpp: the same pairwise sums and the
-// same order of operations), with that expert's parameters. Rows at or past offsets[E-1]
-// belong to no expert: they are not read; y, rstd and grad_x are 0 there.
+// a binary search of offsets, and the row is then computed by the row loops polynorm::forward
+// and polynorm::backward run on the CPU (cpu_rows.h: the same code, pairwise sums and order of
+// operations), with that expert's parameters. Rows at or past offsets[E-1] belong to no
+// expert: they are not read; y, rstd and grad_x are 0 there.
 //
 // Parameter gradients: each row writes its [r_3 S_3, r_2 S_2, r_1 S_1, G] (docs/MATH.md) to
 // an [M, 4] buffer, and each expert's four sums are the pairwise sum of its own segment, whose
@@ -17,6 +17,7 @@
 // Offsets are read in place (int32 or int64). Values that decrease, are negative or exceed M
 // give undefined results but never read or write out of bounds: the search only ever yields
 // an expert in [0, E], and each segment is clamped to [0, M].
+#include "cpu_rows.h"
 #include "polynorm.h"
 
 #include <ATen/Dispatch.h>
@@ -27,50 +28,18 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <array>
-#include <cmath>
+#include <utility>
 #include <vector>
 
 namespace polynorm {
 namespace {
 
-// Pairwise sum of N running sums over [begin, begin + n): term(j, acc) adds element j's terms
-// into acc. The same function as polynorm_cpu.cpp's (blocks of up to 128 in 8 interleaved
-// lanes, longer ranges split in two at a multiple of 8): its order depends only on n, which is
-// what makes a grouped row, and an expert's parameter gradients, bitwise those of the
-// single-expert op. TODO(merge): one shared header for both files.
-template <int N, typename acc_t, typename Term>
-std::array<acc_t, N> pairwise_sum(int64_t begin, int64_t n, const Term& term) {
-  std::array<acc_t, N> out{};
-  if (n <= 128) {
-    acc_t lanes[8][N] = {};
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) {
-      for (int l = 0; l < 8; ++l) term(begin + j + l, lanes[l]);
-    }
-    for (int l = 0; j < n; ++j, ++l) term(begin + j, lanes[l]);
-    for (int k = 0; k < N; ++k) {
-      out[k] = ((lanes[0][k] + lanes[1][k]) + (lanes[2][k] + lanes[3][k])) +
-               ((lanes[4][k] + lanes[5][k]) + (lanes[6][k] + lanes[7][k]));
-    }
-    return out;
-  }
-  const int64_t half = (n / 2) / 8 * 8;
-  const auto lo = pairwise_sum<N, acc_t>(begin, half, term);
-  const auto hi = pairwise_sum<N, acc_t>(begin + half, n - half, term);
-  for (int k = 0; k < N; ++k) out[k] = lo[k] + hi[k];
-  return out;
-}
-
-// Rows per at::parallel_for task: enough elements per task to amortise scheduling.
-int64_t row_grain(int64_t H) { return std::max<int64_t>(1, 32768 / H); }
-
 // The per-row parameter lookup: expert e's [w0, w1, w2, b] in the accumulation type, and the
 // expert of each row. offsets are read in place, in their own integer type.
 template <typename acc_t, typename index_t>
 struct ExpertParams {
-  std::vector<std::array<acc_t, 4>> params;  // [E][w0, w1, w2, b]
-  const index_t* offsets;                    // [E] cumulative end offsets, o_stride apart
+  std::vector<Params<acc_t>> params;  // [E][w0, w1, w2, b]
+  const index_t* offsets;             // [E] cumulative end offsets, o_stride apart
   int64_t o_stride;
   int64_t E;
   int64_t M;
@@ -109,7 +78,7 @@ struct ExpertParams {
   }
 
   // Row's parameters, or nullptr for a row of no expert.
-  const std::array<acc_t, 4>* operator()(int64_t row) const {
+  const Params<acc_t>* operator()(int64_t row) const {
     const int64_t e = expert_of(row);
     return e < E ? &params[e] : nullptr;
   }
@@ -120,97 +89,6 @@ struct ExpertParams {
     return {begin, std::clamp<int64_t>(offset(e), begin, M)};
   }
 };
-
-template <typename scalar_t, typename Params>
-void poly_norm_grouped_fwd_rows(const Rows& x, scalar_t* y, at::opmath_type<scalar_t>* rstd, const Params& params_of,
-                                double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const scalar_t* x_data = x.tensor.const_data_ptr<scalar_t>();
-  const int64_t H = x.H;
-  at::parallel_for(0, x.M, row_grain(H), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      scalar_t* y_row = y + row * H;
-      const std::array<acc_t, 4>* p = params_of(row);
-      if (p == nullptr) {  // no expert: not read
-        std::fill(y_row, y_row + H, scalar_t(0));
-        std::fill(rstd + row * 3, rstd + row * 3 + 3, acc_t(0));
-        continue;
-      }
-      const scalar_t* x_row = x_data + row * x.row_stride;
-      // One pass yields sum x^2, x^4, x^6.
-      const auto s = pairwise_sum<3, acc_t>(0, H, [&](int64_t j, acc_t* acc) {
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t v2 = v * v;
-        acc[0] += v2;
-        acc[1] += v2 * v2;
-        acc[2] += v2 * v2 * v2;
-      });
-      const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-      const acc_t r1 = acc_t(1) / std::sqrt(s[0] * inv_h + static_cast<acc_t>(eps));
-      const acc_t r2 = acc_t(1) / std::sqrt(s[1] * inv_h + static_cast<acc_t>(eps));
-      const acc_t r3 = acc_t(1) / std::sqrt(s[2] * inv_h + static_cast<acc_t>(eps));
-      rstd[row * 3 + 0] = r3;
-      rstd[row * 3 + 1] = r2;
-      rstd[row * 3 + 2] = r1;
-      const acc_t a3 = (*p)[0] * r3, a2 = (*p)[1] * r2, a1 = (*p)[2] * r1, b = (*p)[3];
-      for (int64_t j = 0; j < H; ++j) {
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        y_row[j] = static_cast<scalar_t>(v * (a1 + v * (a2 + v * a3)) + b);  // Horner form
-      }
-    }
-  });
-}
-
-template <typename scalar_t, typename Params>
-void poly_norm_grouped_bwd_rows(const Rows& g, const Rows& x, const at::opmath_type<scalar_t>* rstd, scalar_t* dx,
-                                at::opmath_type<scalar_t>* row_partials, const Params& params_of) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const scalar_t* g_data = g.tensor.const_data_ptr<scalar_t>();
-  const scalar_t* x_data = x.tensor.const_data_ptr<scalar_t>();
-  const int64_t H = x.H;
-  at::parallel_for(0, x.M, row_grain(H), [&](int64_t begin, int64_t end) {
-    for (int64_t row = begin; row < end; ++row) {
-      scalar_t* dx_row = dx + row * H;
-      const std::array<acc_t, 4>* p = params_of(row);
-      if (p == nullptr) {  // no expert: not read, no gradient
-        std::fill(dx_row, dx_row + H, scalar_t(0));
-        std::fill(row_partials + row * 4, row_partials + row * 4 + 4, acc_t(0));
-        continue;
-      }
-      const scalar_t* g_row = g_data + row * g.row_stride;
-      const scalar_t* x_row = x_data + row * x.row_stride;
-      // S_p = sum g x^p (p = 1, 2, 3) and G = sum g.
-      const auto s = pairwise_sum<4, acc_t>(0, H, [&](int64_t j, acc_t* acc) {
-        const acc_t gv = static_cast<acc_t>(g_row[j]);
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t gx = gv * v;
-        acc[0] += gx;
-        acc[1] += gx * v;
-        acc[2] += gx * v * v;
-        acc[3] += gv;
-      });
-      const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
-      const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-      // c_p = w(p) p r_p, d_p = c_p r_p^2 S_p / H (docs/MATH.md), as c_p ((r_p S_p / H) r_p):
-      // r_p^3 alone leaves fp32's range for |x| >~ 3e4 (see polynorm_cpu.cpp).
-      const acc_t c1 = (*p)[2] * r1, c2 = acc_t(2) * (*p)[1] * r2, c3 = acc_t(3) * (*p)[0] * r3;
-      const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
-      const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-      const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
-      for (int64_t j = 0; j < H; ++j) {
-        const acc_t gv = static_cast<acc_t>(g_row[j]);
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t v2 = v * v;
-        dx_row[j] = static_cast<scalar_t>(gv * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3)));
-      }
-      // This row's share of its expert's dw0, dw1, dw2, db.
-      row_partials[row * 4 + 0] = r3 * s[2];
-      row_partials[row * 4 + 1] = r2 * s[1];
-      row_partials[row * 4 + 2] = r1 * s[0];
-      row_partials[row * 4 + 3] = s[3];
-    }
-  });
-}
 
 std::tuple<at::Tensor, at::Tensor> poly_norm_grouped_forward_cpu(const at::Tensor& x, const at::Tensor& weight,
                                                                  const at::Tensor& bias, const at::Tensor& offsets,
@@ -224,8 +102,8 @@ std::tuple<at::Tensor, at::Tensor> poly_norm_grouped_forward_cpu(const at::Tenso
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(offsets.scalar_type(), "polynorm.grouped_forward", [&] {
       const ExpertParams<acc_t, index_t> params(weight, &bias, offsets, rows.M);
-      poly_norm_grouped_fwd_rows<scalar_t>(rows, y.mutable_data_ptr<scalar_t>(), rstd.mutable_data_ptr<acc_t>(),
-                                           params, eps);
+      poly_norm_fwd_rows<scalar_t, false>(rows, nullptr, y.mutable_data_ptr<scalar_t>(),
+                                          rstd.mutable_data_ptr<acc_t>(), params, eps);
     });
   });
   return {y, rstd};
@@ -255,16 +133,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_grouped_backward_cpu(co
       // [M, 4] row partials, then each expert's segment summed in a fixed pairwise order.
       at::Tensor row_partials = at::empty({x_rows.M, 4}, x.options().dtype(acc_dtype));
       acc_t* part = row_partials.mutable_data_ptr<acc_t>();
-      poly_norm_grouped_bwd_rows<scalar_t>(g_rows, x_rows, rstd_c.const_data_ptr<acc_t>(),
-                                           grad_x.mutable_data_ptr<scalar_t>(), part, params);
+      poly_norm_bwd_rows<scalar_t, false>(g_rows, x_rows, nullptr, rstd_c.const_data_ptr<acc_t>(),
+                                          grad_x.mutable_data_ptr<scalar_t>(), nullptr, part, params);
       acc_t* dw = grad_weight.mutable_data_ptr<acc_t>();
       acc_t* db = grad_bias.mutable_data_ptr<acc_t>();
       at::parallel_for(0, E, 1, [&](int64_t e_begin, int64_t e_end) {
         for (int64_t e = e_begin; e < e_end; ++e) {
           const auto [begin, end] = params.segment(e);
-          const auto total = pairwise_sum<4, acc_t>(begin, end - begin, [&](int64_t r, acc_t* acc) {
-            for (int k = 0; k < 4; ++k) acc[k] += part[r * 4 + k];
-          });
+          const auto total = sum_partials<acc_t>(part, begin, end - begin);
           for (int k = 0; k < 3; ++k) dw[e * 3 + k] = total[k];
           db[e] = total[3];
         }

@@ -18,13 +18,18 @@ __all__ = [
     "check_backward_args",
     "check_eps",
     "check_forward_args",
+    "check_grouped_backward_args",
+    "check_grouped_forward_args",
     "check_mul_backward_args",
     "check_mul_forward_args",
     "eps_operand",
+    "param_grads",
     "refuse_double_backward",
     "register_autograd",
     "register_mul_autograd",
     "rstd_dtype",
+    "save_param_meta",
+    "saveable",
 ]
 
 
@@ -34,11 +39,16 @@ def rstd_dtype(x_dtype: torch.dtype) -> torch.dtype:
 
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_OFFSET_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_tensor(op: str, name: str, t) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
 
 
 def _check_float(op: str, name: str, t: Tensor) -> None:
-    if not isinstance(t, Tensor):
-        raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
+    _check_tensor(op, name, t)
     if t.dtype not in _FLOATS:
         raise RuntimeError(f"{op}: expected {name} to be float32, float64, float16 or bfloat16, got {t.dtype}")
 
@@ -131,8 +141,70 @@ def _require(cond, message, traced: bool) -> None:
         torch._check(cond, message)
 
 
+# The checks below are those of csrc/polynorm.cpp, with its messages, in its order: x, then
+# the parameters, then the tensors that must be like x (grad_y / grad_out, mul), then rstd. Each
+# names the op and the argument, with the expected and the actual value.
+
+
+def _check_x(op: str, x: Tensor, traced: bool) -> None:
+    # x: (..., H) of a float dtype, H >= 1.
+    _check_float(op, "x", x)
+    _require(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor", traced)
+    _require(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}", traced)
+
+
+def _check_weight(op: str, x: Tensor, weight: Tensor, traced: bool) -> None:
+    _check_float(op, "weight", weight)
+    _require(
+        weight.numel() == 3,
+        lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()} (shape {list(weight.shape)})",
+        traced,
+    )
+    _check_same_device(op, x, weight=weight)
+
+
+def _check_bias(op: str, x: Tensor, bias: Tensor, traced: bool) -> None:
+    _check_float(op, "bias", bias)
+    _require(
+        bias.numel() == 1,
+        lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()} (shape {list(bias.shape)})",
+        traced,
+    )
+    _check_same_device(op, x, bias=bias)
+
+
+def _check_like_x(op: str, name: str, other: Tensor, x: Tensor, traced: bool = False) -> None:
+    # other (grad_y, grad_out, mul) has x's shape, dtype and device.
+    _check_tensor(op, name, other)
+    _require(
+        other.shape == x.shape,
+        lambda: f"{op}: expected {name} to have x's shape {list(x.shape)}, got {list(other.shape)}",
+        traced,
+    )
+    if other.dtype != x.dtype:
+        raise RuntimeError(f"{op}: expected {name} to have x's dtype {x.dtype}, got {other.dtype}")
+    _check_same_device(op, x, **{name: other})
+
+
+def _check_rstd(op: str, x: Tensor, rstd: Tensor) -> None:
+    # rstd: [M, 3] (rows of x) of the accumulation dtype, on x's device.
+    _check_tensor(op, "rstd", rstd)
+    M = x.numel() // x.shape[-1]
+    torch._check(
+        rstd.dim() == 2 and rstd.shape[0] == M and rstd.shape[1] == 3,
+        lambda: f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}",
+    )
+    if rstd.dtype != rstd_dtype(x.dtype):
+        raise RuntimeError(f"{op}: expected rstd of dtype {rstd_dtype(x.dtype)} for x of dtype {x.dtype}, got {rstd.dtype}")
+    _check_same_device(op, x, rstd=rstd)
+
+
 def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps, *, traced: bool = False) -> float:
-    """The C++ argument checks, in Python: for the fake kernels, the Triton and reference paths.
+    """The C++ argument checks of ``polynorm::forward``, in Python: for the fake kernels, the
+    Triton and reference paths.
+
+    x ``(..., H)`` of float32, float64, float16 or bfloat16 with H >= 1; weight of 3 elements
+    and bias of 1, of those dtypes; all on x's device; eps finite and >= 0.
 
     Args:
         traced: the caller is being traced by Dynamo (the reference path under
@@ -148,55 +220,20 @@ def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps, *,
             (torch.compile with dynamic=True) pass through unspecialised.
         ValueError: eps negative, NaN or infinite.
     """
-    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
-        _check_float(op, name, t)
-    _require(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor", traced)
-    _require(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}", traced)
-    _require(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}", traced)
-    _require(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}", traced)
-    _check_same_device(op, x, weight=weight, bias=bias)
+    _check_x(op, x, traced)
+    _check_weight(op, x, weight, traced)
+    _check_bias(op, x, bias, traced)
     return check_eps(op, eps)
 
 
 def check_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> None:
-    """The C++ backward checks, in Python (see :func:`check_forward_args`)."""
-    for name, t in (("grad_y", grad_y), ("x", x), ("weight", weight), ("rstd", rstd)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
-    _check_float(op, "x", x)
-    _check_float(op, "weight", weight)
-    torch._check(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor")
-    torch._check(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}")
-    torch._check(weight.numel() == 3, lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()}")
-    torch._check(
-        grad_y.shape == x.shape,
-        lambda: f"{op}: expected grad_y to have x's shape {list(x.shape)}, got {list(grad_y.shape)}",
-    )
-    if grad_y.dtype != x.dtype:
-        raise RuntimeError(f"{op}: expected grad_y to have x's dtype {x.dtype}, got {grad_y.dtype}")
-    M = x.numel() // x.shape[-1]
-    torch._check(
-        rstd.dim() == 2 and rstd.shape[0] == M and rstd.shape[1] == 3,
-        lambda: f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}",
-    )
-    if rstd.dtype != rstd_dtype(x.dtype):
-        raise RuntimeError(f"{op}: expected rstd of dtype {rstd_dtype(x.dtype)} for x of dtype {x.dtype}, got {rstd.dtype}")
-    _check_same_device(op, x, grad_y=grad_y, weight=weight, rstd=rstd)
-
-
-def _check_like_x(op: str, name: str, other: Tensor, x: Tensor, *, traced: bool = False) -> None:
-    """``other`` (mul, grad_out) has x's shape, dtype and device (``traced``: as in
-    :func:`check_forward_args`)."""
-    if not isinstance(other, Tensor):
-        raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(other).__name__}")
-    _require(
-        other.shape == x.shape,
-        lambda: f"{op}: expected {name} to have x's shape {list(x.shape)}, got {list(other.shape)}",
-        traced,
-    )
-    if other.dtype != x.dtype:
-        raise RuntimeError(f"{op}: expected {name} to have x's dtype {x.dtype}, got {other.dtype}")
-    _check_same_device(op, x, **{name: other})
+    """The C++ checks of ``polynorm::backward``, in Python (see :func:`check_forward_args`):
+    grad_y has x's shape, dtype and device; rstd is ``[M, 3]`` of the accumulation dtype on
+    x's device."""
+    _check_x(op, x, False)
+    _check_weight(op, x, weight, False)
+    _check_like_x(op, "grad_y", grad_y, x)
+    _check_rstd(op, x, rstd)
 
 
 def check_mul_forward_args(op: str, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, *, traced: bool = False) -> float:
@@ -206,18 +243,116 @@ def check_mul_forward_args(op: str, x: Tensor, mul: Tensor, weight: Tensor, bias
     Returns:
         eps as a Python float (see :func:`check_eps`).
     """
-    eps = check_forward_args(op, x, weight, bias, eps, traced=traced)
-    _check_like_x(op, "mul", mul, x, traced=traced)
-    return eps
+    _check_x(op, x, traced)
+    _check_like_x(op, "mul", mul, x, traced)
+    _check_weight(op, x, weight, traced)
+    _check_bias(op, x, bias, traced)
+    return check_eps(op, eps)
 
 
 def check_mul_backward_args(op: str, grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, rstd: Tensor) -> None:
-    """The C++ checks of ``polynorm::mul_backward``, in Python."""
-    check_backward_args(op, grad_out, x, weight, rstd)
+    """The C++ checks of ``polynorm::mul_backward``, in Python, with its messages: as
+    :func:`check_backward_args` with the gradient named ``grad_out``, plus bias (as in the
+    forward) and mul with x's shape, dtype and device."""
+    _check_x(op, x, False)
+    _check_weight(op, x, weight, False)
+    _check_bias(op, x, bias, False)
+    _check_like_x(op, "grad_out", grad_out, x)
     _check_like_x(op, "mul", mul, x)
+    _check_rstd(op, x, rstd)
+
+
+# Grouped PolyNorm (mixture of experts): weight [E, 3], bias [E] or [E, 1], offsets [E].
+
+
+def _check_grouped_params(op: str, x: Tensor, weight: Tensor, offsets: Tensor, traced: bool) -> int:
+    # weight [E, 3] with E >= 1 and offsets [E] of int32 or int64, on x's device. Returns E.
+    _check_float(op, "weight", weight)
+    _require(
+        weight.dim() == 2 and weight.shape[1] == 3,
+        lambda: f"{op}: expected weight of shape [E, 3] (one [w0, w1, w2] row per expert), got {list(weight.shape)}",
+        traced,
+    )
+    E = weight.shape[0]
+    _require(E >= 1, lambda: f"{op}: expected weight to have at least one expert (E >= 1), got shape {list(weight.shape)}", traced)
+    _check_same_device(op, x, weight=weight)
+    _check_tensor(op, "offsets", offsets)
+    if offsets.dtype not in _OFFSET_DTYPES:
+        raise RuntimeError(f"{op}: expected offsets to be int32 or int64, got {offsets.dtype}")
+    _require(
+        offsets.dim() == 1 and offsets.shape[0] == E,
+        lambda: f"{op}: expected offsets of shape [{E}] (one cumulative end offset per expert of weight), "
+        f"got {list(offsets.shape)}",
+        traced,
+    )
+    _check_same_device(op, x, offsets=offsets)
+    return E
+
+
+def check_grouped_forward_args(
+    op: str, x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps, *, traced: bool = False
+) -> float:
+    """The C++ checks of ``polynorm::grouped_forward``, in Python: for its fake kernel, the
+    Triton op and the reference.
+
+    x ``(..., H)`` of a float dtype with H >= 1; weight ``[E, 3]`` with E >= 1; bias ``[E]`` or
+    ``[E, 1]``; offsets ``[E]`` of int32 or int64; all on x's device; eps finite and >= 0.
+
+    Args:
+        traced: as in :func:`check_forward_args`.
+
+    Returns:
+        eps as a Python float.
+
+    Raises:
+        TypeError: an argument of the wrong type, or eps not a real number.
+        RuntimeError: naming ``op`` and the argument, with the expected and the actual value.
+        ValueError: eps negative, NaN or infinite.
+    """
+    _check_x(op, x, traced)
+    E = _check_grouped_params(op, x, weight, offsets, traced)
     _check_float(op, "bias", bias)
-    torch._check(bias.numel() == 1, lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()}")
+    _require(
+        tuple(bias.shape) in ((E,), (E, 1)),
+        lambda: f"{op}: expected bias of shape [{E}] or [{E}, 1] (weight's E experts), got {list(bias.shape)}",
+        traced,
+    )
     _check_same_device(op, x, bias=bias)
+    return check_eps(op, eps)
+
+
+def check_grouped_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, offsets: Tensor, rstd: Tensor) -> None:
+    """The C++ checks of ``polynorm::grouped_backward``, in Python (see
+    :func:`check_grouped_forward_args`); grad_y has x's shape, dtype and device, and rstd is
+    ``[M, 3]`` of the accumulation dtype on x's device."""
+    _check_x(op, x, False)
+    _check_grouped_params(op, x, weight, offsets, False)
+    _check_like_x(op, "grad_y", grad_y, x)
+    _check_rstd(op, x, rstd)
+
+
+def saveable(t: Tensor) -> Tensor:
+    """t as autograd can save it for backward: a tensor made under ``torch.inference_mode()``
+    (which has no version counter, so autograd refuses to save it) is copied once, the clone
+    PyTorch's own message asks for; any other tensor is returned as is. Called from
+    ``setup_context``, which runs only when a backward is recorded."""
+    return t.clone() if t.is_inference() else t
+
+
+def save_param_meta(ctx, weight: Tensor, bias: Tensor) -> None:
+    """Records weight's and bias's shapes and dtypes on ``ctx`` for :func:`param_grads`."""
+    ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
+    ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+
+
+def param_grads(ctx, grad_weight: Tensor, grad_bias: Tensor, need_weight: bool, need_bias: bool) -> tuple:
+    """(grad_weight, grad_bias) as autograd returns them: from the backward op's accumulation
+    dtype (fp32, fp64 for fp64 x), rounded once to each parameter's own dtype and reshaped to
+    its shape (recorded by :func:`save_param_meta`); None where the gradient is not needed."""
+    return (
+        grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
+        grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
+    )
 
 
 def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | None = None) -> None:
@@ -241,15 +376,9 @@ def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | N
         x, weight, bias = inputs[:3]
         _y, rstd = output
         ctx.mark_non_differentiable(rstd)
-        # Autograd refuses to save an inference tensor (x made under torch.inference_mode(),
-        # which has no version counter): the parameter gradients need x's rows, so such an x
-        # is copied once, the clone PyTorch's own message asks for. setup_context runs only
-        # when a backward is recorded; no other x is copied.
-        ctx.save_for_backward(x.clone() if x.is_inference() else x, weight, rstd)
-        ctx.weight_shape = weight.shape
-        ctx.weight_dtype = weight.dtype
-        ctx.bias_shape = bias.shape
-        ctx.bias_dtype = bias.dtype
+        # The parameter gradients need x's rows: an inference-mode x is copied once (saveable).
+        ctx.save_for_backward(saveable(x), weight, rstd)
+        save_param_meta(ctx, weight, bias)
         ctx.backward_op = backward_op if by_backend is None else getattr(torch.ops.polynorm, by_backend[inputs[4]])
 
     def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
@@ -259,11 +388,7 @@ def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | N
             return (None, None, None) + rest
         x, weight, rstd = ctx.saved_tensors
         grad_x, grad_weight, grad_bias = ctx.backward_op(grad_y, x, weight, rstd)
-        return (
-            grad_x if need_x else None,
-            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
-            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-        ) + rest
+        return (grad_x if need_x else None,) + param_grads(ctx, grad_weight, grad_bias, need_weight, need_bias) + rest
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
     if by_backend is None:
@@ -303,12 +428,9 @@ def register_mul_autograd(forward_op: str, backward_op=None, *, by_backend: dict
         x, mul, weight, bias = inputs[:4]
         _out, rstd = output
         ctx.mark_non_differentiable(rstd)
-        # As in register_autograd: an inference tensor cannot be saved, so it is copied once.
-        ctx.save_for_backward(
-            x.clone() if x.is_inference() else x, mul.clone() if mul.is_inference() else mul, weight, bias, rstd
-        )
-        ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
-        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+        # As in register_autograd: an inference-mode x or mul is copied once (saveable).
+        ctx.save_for_backward(saveable(x), saveable(mul), weight, bias, rstd)
+        save_param_meta(ctx, weight, bias)
         ctx.backward_op = backward_op if by_backend is None else getattr(torch.ops.polynorm, by_backend[inputs[5]])
 
     def backward(ctx, grad_out: Tensor, _grad_rstd: Tensor):
@@ -318,12 +440,8 @@ def register_mul_autograd(forward_op: str, backward_op=None, *, by_backend: dict
             return (None, None, None, None) + rest
         x, mul, weight, bias, rstd = ctx.saved_tensors
         grad_x, grad_mul, grad_weight, grad_bias = ctx.backward_op(grad_out, x, mul, weight, bias, rstd)
-        return (
-            grad_x if need_x else None,
-            grad_mul if need_mul else None,
-            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
-            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-        ) + rest
+        grads = (grad_x if need_x else None, grad_mul if need_mul else None)
+        return grads + param_grads(ctx, grad_weight, grad_bias, need_weight, need_bias) + rest
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
     if by_backend is None:

@@ -17,9 +17,17 @@ import torch
 from torch import Tensor, nn
 
 from polynorm import reference
-from polynorm._common import check_eps, refuse_double_backward, rstd_dtype
+from polynorm._common import (
+    check_eps,
+    check_grouped_backward_args,
+    check_grouped_forward_args,
+    param_grads,
+    refuse_double_backward,
+    rstd_dtype,
+    save_param_meta,
+    saveable,
+)
 from polynorm.ops import BACKENDS
-from polynorm.reference import check_grouped_backward_args, check_grouped_forward_args
 
 try:  # registers torch.ops.polynorm.grouped_forward_triton and grouped_backward_triton
     from polynorm import triton_grouped as _triton_grouped
@@ -63,14 +71,8 @@ def _register_grouped_autograd(forward_op: str, backward_op) -> None:
         x, weight, bias, offsets = inputs[:4]
         _y, rstd = output
         ctx.mark_non_differentiable(rstd)
-        ctx.save_for_backward(
-            x.clone() if x.is_inference() else x,
-            weight,
-            offsets.clone() if offsets.is_inference() else offsets,
-            rstd,
-        )
-        ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
-        ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+        ctx.save_for_backward(saveable(x), weight, saveable(offsets), rstd)
+        save_param_meta(ctx, weight, bias)
 
     def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -78,13 +80,7 @@ def _register_grouped_autograd(forward_op: str, backward_op) -> None:
             return None, None, None, None, None
         x, weight, offsets, rstd = ctx.saved_tensors
         grad_x, grad_weight, grad_bias = backward_op(grad_y, x, weight, offsets, rstd)
-        return (
-            grad_x if need_x else None,
-            grad_weight.to(ctx.weight_dtype).reshape(ctx.weight_shape) if need_weight else None,
-            grad_bias.to(ctx.bias_dtype).reshape(ctx.bias_shape) if need_bias else None,
-            None,
-            None,
-        )
+        return (grad_x if need_x else None,) + param_grads(ctx, grad_weight, grad_bias, need_weight, need_bias) + (None, None)
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
     refuse_double_backward(backward_op)

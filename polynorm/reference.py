@@ -14,13 +14,21 @@ the backward too when run with ``compute_dtype=torch.float64``.
 import torch
 from torch import Tensor
 
-from polynorm._common import check_forward_args, check_mul_forward_args
+from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["poly_norm", "poly_norm_mul", "rstd"]
+__all__ = ["poly_norm", "poly_norm_grouped", "poly_norm_mul", "rstd"]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(x.dtype, compute_dtype)
+
+
+def _norm(u: Tensor, eps) -> Tensor:
+    # norm(u) = u / sqrt(mean(u^2, last dim) + eps): a division by the square root, as the
+    # paper writes it. Autograd of rsqrt would form mean(u^2)^-1.5, which leaves fp32's range
+    # for |x| beyond ~3e4 (x^6 ~ 1e27) and corrupts the gradient; this way its largest
+    # intermediate is mean(u^2) itself.
+    return u / torch.sqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
 
 
 def rstd(x: Tensor, eps: float = 1e-6, *, compute_dtype: torch.dtype = torch.float32) -> Tensor:
@@ -89,13 +97,7 @@ def _poly_norm(
     w = weight.to(dtype).reshape(3)
     b = bias.to(dtype).reshape(())
 
-    def norm(u: Tensor) -> Tensor:
-        # A division by the square root, as the paper writes it. Autograd of rsqrt would form
-        # mean(u^2)^-1.5, which leaves fp32's range for |x| beyond ~3e4 (x^6 ~ 1e27) and
-        # corrupts the gradient; this way its largest intermediate is mean(u^2) itself.
-        return u / torch.sqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)
-
-    y = w[0] * norm(xc.pow(3)) + w[1] * norm(xc.pow(2)) + w[2] * norm(xc) + b
+    y = w[0] * _norm(xc.pow(3), eps) + w[1] * _norm(xc.pow(2), eps) + w[2] * _norm(xc, eps) + b
     return y.to(x.dtype if out_dtype is None else out_dtype)
 
 
@@ -147,97 +149,6 @@ def _poly_norm_mul(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps, *,
 # ----------------------------------------------------------------------------------------
 # Grouped PolyNorm (mixture of experts)
 # ----------------------------------------------------------------------------------------
-# The grouped ops' argument contract, in Python: shared by the reference, the fake kernels
-# (polynorm/grouped.py) and the Triton ops (polynorm/triton_grouped.py), with the messages of
-# the C++ checks (csrc/polynorm.cpp).
-
-from polynorm._common import _check_float, _check_same_device, _require, check_eps, rstd_dtype  # noqa: E402
-
-__all__ += ["poly_norm_grouped"]
-
-_OFFSET_DTYPES = (torch.int32, torch.int64)
-
-
-def _check_grouped_params(op: str, x: Tensor, weight: Tensor, offsets: Tensor, traced: bool) -> int:
-    _check_float(op, "weight", weight)
-    _require(
-        weight.dim() == 2 and weight.shape[1] == 3,
-        lambda: f"{op}: expected weight of shape [E, 3] (one [w0, w1, w2] row per expert), got {list(weight.shape)}",
-        traced,
-    )
-    E = weight.shape[0]
-    _require(E >= 1, lambda: f"{op}: expected weight to have at least one expert (E >= 1), got shape {list(weight.shape)}", traced)
-    if not isinstance(offsets, Tensor):
-        raise TypeError(f"{op}: expected offsets to be a Tensor, got {type(offsets).__name__}")
-    if offsets.dtype not in _OFFSET_DTYPES:
-        raise RuntimeError(f"{op}: expected offsets to be int32 or int64, got {offsets.dtype}")
-    _require(
-        offsets.dim() == 1 and offsets.shape[0] == E,
-        lambda: f"{op}: expected offsets of shape [{E}] (one cumulative end offset per expert of weight), "
-        f"got {list(offsets.shape)}",
-        traced,
-    )
-    _check_same_device(op, x, weight=weight, offsets=offsets)
-    return E
-
-
-def _check_grouped_x(op: str, x: Tensor, traced: bool) -> None:
-    _check_float(op, "x", x)
-    _require(x.dim() >= 1, lambda: f"{op}: expected x to have at least 1 dimension (..., H), got a 0-d tensor", traced)
-    _require(x.shape[-1] >= 1, lambda: f"{op}: expected x to have a last dimension H >= 1, got shape {list(x.shape)}", traced)
-
-
-def check_grouped_forward_args(
-    op: str, x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps, *, traced: bool = False
-) -> float:
-    """The C++ checks of ``polynorm::grouped_forward``, in Python.
-
-    x ``(..., H)`` of a float dtype with H >= 1; weight ``[E, 3]`` with E >= 1; bias ``[E]`` or
-    ``[E, 1]``; offsets ``[E]`` of int32 or int64; all on x's device; eps finite and >= 0.
-
-    Returns:
-        eps as a Python float.
-
-    Raises:
-        TypeError: an argument of the wrong type, or eps not a real number.
-        RuntimeError: naming ``op`` and the argument, with the expected and the actual value.
-        ValueError: eps negative, NaN or infinite.
-    """
-    _check_grouped_x(op, x, traced)
-    E = _check_grouped_params(op, x, weight, offsets, traced)
-    _check_float(op, "bias", bias)
-    _require(
-        tuple(bias.shape) in ((E,), (E, 1)),
-        lambda: f"{op}: expected bias of shape [{E}] or [{E}, 1] (weight's E experts), got {list(bias.shape)}",
-        traced,
-    )
-    _check_same_device(op, x, bias=bias)
-    return check_eps(op, eps)
-
-
-def check_grouped_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tensor, offsets: Tensor, rstd: Tensor) -> None:
-    """The C++ checks of ``polynorm::grouped_backward``, in Python (see
-    :func:`check_grouped_forward_args`); grad_y has x's shape, dtype and device, and rstd is
-    ``[M, 3]`` of the accumulation dtype on x's device."""
-    for name, t in (("grad_y", grad_y), ("rstd", rstd)):
-        if not isinstance(t, Tensor):
-            raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
-    _check_grouped_x(op, x, False)
-    _check_grouped_params(op, x, weight, offsets, False)
-    torch._check(
-        grad_y.shape == x.shape,
-        lambda: f"{op}: expected grad_y to have x's shape {list(x.shape)}, got {list(grad_y.shape)}",
-    )
-    if grad_y.dtype != x.dtype:
-        raise RuntimeError(f"{op}: expected grad_y to have x's dtype {x.dtype}, got {grad_y.dtype}")
-    M = x.numel() // x.shape[-1]
-    torch._check(
-        rstd.dim() == 2 and rstd.shape[0] == M and rstd.shape[1] == 3,
-        lambda: f"{op}: expected rstd of shape [{M}, 3] (rows of x, then r_3, r_2, r_1), got {list(rstd.shape)}",
-    )
-    if rstd.dtype != rstd_dtype(x.dtype):
-        raise RuntimeError(f"{op}: expected rstd of dtype {rstd_dtype(x.dtype)} for x of dtype {x.dtype}, got {rstd.dtype}")
-    _check_same_device(op, x, grad_y=grad_y, rstd=rstd)
 
 
 def poly_norm_grouped(
@@ -307,9 +218,6 @@ def _poly_norm_grouped(
     # (no NaN into the gradient through torch.where), and y set to 0 there.
     xs = torch.where(owned, xc, torch.ones((), dtype=dtype, device=x.device))
 
-    def norm(u: Tensor) -> Tensor:
-        return u / torch.sqrt(u.pow(2).mean(dim=-1, keepdim=True) + eps)  # as in _poly_norm
-
-    y = w[:, 0:1] * norm(xs.pow(3)) + w[:, 1:2] * norm(xs.pow(2)) + w[:, 2:3] * norm(xs) + b
+    y = w[:, 0:1] * _norm(xs.pow(3), eps) + w[:, 1:2] * _norm(xs.pow(2), eps) + w[:, 2:3] * _norm(xs, eps) + b
     y = torch.where(owned, y, torch.zeros((), dtype=dtype, device=x.device))
     return y.to(x.dtype).reshape(x.shape)

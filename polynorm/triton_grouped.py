@@ -35,7 +35,7 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from polynorm.reference import check_grouped_backward_args, check_grouped_forward_args
+from polynorm._common import check_grouped_backward_args, check_grouped_forward_args
 from polynorm.triton_kernels import (
     _acc_dtype,
     _as_rows,
@@ -43,10 +43,13 @@ from polynorm.triton_kernels import (
     _bwd_dx,
     _check_runs_here,
     _div_rn,
+    _horner_coefficients,
     _launch_config,
     _launchable,
+    _load_acc,
     _on_device_of,
     _op,
+    _poly_y,
     _sqrt_rn,
     _to_acc,
     _to_out,
@@ -68,6 +71,16 @@ def _expert_of(offsets_ptr, offsets_stride, rows, row_mask, E, n_steps):
         lo = tl.where(active & (end <= rows), mid + 1, lo)
         hi = tl.where(active & (end > rows), mid, hi)
     return lo
+
+
+@triton.jit
+def _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC: tl.constexpr):
+    # Each row's expert's [w0, w1, w2], in ACC (0 on rows of no expert), read in their own dtype.
+    w_rows = w_ptr + expert * w_stride0
+    w0 = _to_acc(tl.load(w_rows, mask=owned, other=0.0), ACC)
+    w1 = _to_acc(tl.load(w_rows + w_stride1, mask=owned, other=0.0), ACC)
+    w2 = _to_acc(tl.load(w_rows + 2 * w_stride1, mask=owned, other=0.0), ACC)
+    return w0, w1, w2
 
 
 # M is never specialised (Triton would compile M == 1 as a constant): the code, and so a
@@ -106,7 +119,7 @@ def _poly_norm_grouped_fwd_kernel(
     # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
     if ONE_BLOCK:
         mask = owned[:, None] & (cols < H)[None, :]
-        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        x = _load_acc(x_rows, cols, mask, ACC)
         x2 = x * x
         x4 = x2 * x2
         s1 = tl.sum(x2, axis=1)
@@ -119,7 +132,7 @@ def _poly_norm_grouped_fwd_kernel(
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = owned[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc = _load_acc(x_rows, c, mask, ACC)
             xc2 = xc * xc
             xc4 = xc2 * xc2
             a1 += xc2
@@ -143,23 +156,20 @@ def _poly_norm_grouped_fwd_kernel(
     tl.store(rstd_rows + 2, r1, mask=in_range)
 
     # The row's expert's parameters, in their own dtype (0 on rows of no expert).
-    w_rows = w_ptr + expert * w_stride0
-    k3 = (_to_acc(tl.load(w_rows, mask=owned, other=0.0), ACC) * r3)[:, None]
-    k2 = (_to_acc(tl.load(w_rows + w_stride1, mask=owned, other=0.0), ACC) * r2)[:, None]
-    k1 = (_to_acc(tl.load(w_rows + 2 * w_stride1, mask=owned, other=0.0), ACC) * r1)[:, None]
+    w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
+    k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
     b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
 
-    # Output, Horner form: 3 FMAs per element; 0 on rows of no expert.
+    # Output, Horner form (PolyNorm's _poly_y): 3 FMAs per element; 0 on rows of no expert.
     if ONE_BLOCK:
-        y = tl.where(owned[:, None], tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b), 0.0)
+        y = tl.where(owned[:, None], _poly_y(x, k1, k2, k3, b), 0.0)
         out_mask = in_range[:, None] & (cols < H)[None, :]
         tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
     else:
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = owned[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-            y = tl.where(owned[:, None], tl.fma(xc, tl.fma(xc, tl.fma(xc, k3, k2), k1), b), 0.0)
+            y = tl.where(owned[:, None], _poly_y(_load_acc(x_rows, c, mask, ACC), k1, k2, k3, b), 0.0)
             out_mask = in_range[:, None] & (c < H)[None, :]
             tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
 
@@ -199,8 +209,8 @@ def _poly_norm_grouped_bwd_kernel(
     # S_1, S_2, S_3 and G per row, in one pass.
     if ONE_BLOCK:
         mask = owned[:, None] & (cols < H)[None, :]
-        x = _to_acc(tl.load(x_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
-        g = _to_acc(tl.load(g_rows[:, None] + cols[None, :], mask=mask, other=0.0), ACC)
+        x = _load_acc(x_rows, cols, mask, ACC)
+        g = _load_acc(g_rows, cols, mask, ACC)
         gx = g * x
         gx2 = gx * x
         s1 = tl.sum(gx, axis=1)
@@ -215,8 +225,8 @@ def _poly_norm_grouped_bwd_kernel(
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = owned[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-            gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc = _load_acc(x_rows, c, mask, ACC)
+            gc = _load_acc(g_rows, c, mask, ACC)
             gxc = gc * xc
             gxc2 = gxc * xc
             a1 += gxc
@@ -234,10 +244,7 @@ def _poly_norm_grouped_bwd_kernel(
     r3 = tl.load(rstd_rows + 0, mask=owned, other=0.0)
     r2 = tl.load(rstd_rows + 1, mask=owned, other=0.0)
     r1 = tl.load(rstd_rows + 2, mask=owned, other=0.0)
-    w_rows = w_ptr + expert * w_stride0
-    w0 = _to_acc(tl.load(w_rows, mask=owned, other=0.0), ACC)
-    w1 = _to_acc(tl.load(w_rows + w_stride1, mask=owned, other=0.0), ACC)
-    w2 = _to_acc(tl.load(w_rows + 2 * w_stride1, mask=owned, other=0.0), ACC)
+    w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
     inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
     part_rows = partials_ptr + rows * 4
     tl.store(part_rows + 0, r3 * s3, mask=in_range)
@@ -254,8 +261,8 @@ def _poly_norm_grouped_bwd_kernel(
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = owned[:, None] & (c < H)[None, :]
-            xc = _to_acc(tl.load(x_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
-            gc = _to_acc(tl.load(g_rows[:, None] + c[None, :], mask=mask, other=0.0), ACC)
+            xc = _load_acc(x_rows, c, mask, ACC)
+            gc = _load_acc(g_rows, c, mask, ACC)
             dx = tl.where(owned[:, None], _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
             out_mask = in_range[:, None] & (c < H)[None, :]
             tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)

@@ -6,11 +6,16 @@ helpers here: the same shapes, dtypes and layouts, the same oracle
 and the same dtype-derived tolerances.
 """
 
+import contextlib
 import hashlib
 import importlib.util
 import math
 import os
+import re
+import subprocess
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,6 +88,27 @@ def make_params(dtype, device, gen: torch.Generator):
     w = torch.randn(3, generator=gen, dtype=torch.float32) * 0.5 + torch.tensor([0.3, -0.4, 0.9])
     b = torch.randn(1, generator=gen, dtype=torch.float32) * 0.1
     return w.to(dtype).to(device), b.to(dtype).to(device)
+
+
+@contextlib.contextmanager
+def poisoned_outputs():
+    """Every torch.empty / at::empty inside (the ops' outputs, rstd, the row partials, from
+    Python, C++ or a Triton launcher) comes back filled with NaN (integers with their maximum),
+    so an element a kernel fails to write shows up, as a NaN or as a nonzero where a 0 is
+    expected. torch's deterministic mode does the filling; warn_only, as only the filling is
+    wanted."""
+    saved = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.utils.deterministic.fill_uninitialized_memory,
+    )
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -235,15 +261,18 @@ def autograd_reference_mul(x, mul, g, w, b, eps, compute_dtype) -> MulGrads:
     return MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
 
 
-def run_backend_mul(backend: str, x, mul, g, w, b, eps, fn=None) -> MulGrads:
+def run_backend_mul(backend: str, x, mul, g, w, b, eps, fn=None, poison: bool = True) -> MulGrads:
     """out, dx, dmul, dw, db through the public API (autograd included), x and mul in their
-    own layouts; ``fn(x, mul, weight, bias, eps)`` replaces ``polynorm.poly_norm_mul``."""
+    own layouts; ``fn(x, mul, weight, bias, eps)`` replaces ``polynorm.poly_norm_mul``. With
+    ``poison``, every buffer allocated on the way is filled with NaN first
+    (:func:`poisoned_outputs`), so an unwritten output element fails the oracle check."""
     leaves = [_leaf(x), _leaf(mul), w.detach().clone().requires_grad_(True), b.detach().clone().requires_grad_(True)]
-    if fn is None:
-        out = polynorm.poly_norm_mul(*leaves, eps, backend=backend)
-    else:
-        out = fn(*leaves, eps)
-    return MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
+    with poisoned_outputs() if poison else contextlib.nullcontext():
+        if fn is None:
+            out = polynorm.poly_norm_mul(*leaves, eps, backend=backend)
+        else:
+            out = fn(*leaves, eps)
+        return MulGrads(out.detach(), *torch.autograd.grad(out, leaves, g))
 
 
 def closed_form_mul(x, mul, g, w, b, eps):
@@ -299,3 +328,105 @@ def check_against_oracle_mul(out: MulGrads, x, mul, g, w, b, eps, what: str = ""
     u_out = torch.tensor([torch.finfo(out.dw.dtype).eps / 2] * 3 + [torch.finfo(out.db.dtype).eps / 2], dtype=torch.float64)
     tol = (1e-5 + u_out) * exp.abs() + 16 * compute_eps(x.dtype) * sc * math.log2(max(2, x.numel()))
     assert torch.all((got - exp).abs() <= tol), f"{what} [dw, db]: got {got.tolist()}, expected {exp.tolist()}"
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks: the Python copies (polynorm/_common.py) against the C++ ones
+# ---------------------------------------------------------------------------------------
+
+# c10's names of the dtypes, as the C++ messages print them.
+_C10_DTYPE_NAMES = {"float32": "Float", "float64": "Double", "float16": "Half", "bfloat16": "BFloat16",
+                    "int8": "Char", "int16": "Short", "int32": "Int", "int64": "Long"}  # fmt: skip
+
+
+def assert_python_checks_match_cpp(op, args) -> None:
+    """``op`` (a ``torch.ops.polynorm`` op with a C++ CPU kernel) refuses ``args`` (CPU
+    tensors) with the same RuntimeError from its C++ check and from its fake kernel's Python
+    check (the same args on the meta device): the same argument named, the same values, the
+    same words. The one difference allowed is how a dtype is printed (``torch.float32`` in
+    Python, ``Float`` in C++)."""
+
+    def message(run_args) -> str:
+        with pytest.raises(RuntimeError) as info:
+            op(*run_args)
+        return str(info.value).splitlines()[0]
+
+    cpp = message(args)
+    assert cpp.startswith(f"polynorm.{op._qualified_op_name.split('::')[1]}: expected "), cpp
+    fake = message([t.to("meta") if isinstance(t, torch.Tensor) else t for t in args])
+    assert re.sub(r"torch\.(\w+)", lambda m: _C10_DTYPE_NAMES[m.group(1)], fake) == cpp, (fake, cpp)
+
+
+# ---------------------------------------------------------------------------------------
+# The README's examples
+# ---------------------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_readme_block(marker: str, tmp_path) -> None:
+    """Runs the README's one ```python block that contains ``marker`` as a user pasting it
+    would: a fresh interpreter in an empty folder, nothing defined beforehand, this checkout
+    on the path, no Triton interpreter. Asserts it exits cleanly and that the last line it
+    prints (the block's own check, a maximum difference) is below 1e-5."""
+    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    (block,) = [b for b in blocks if marker in b]
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-5, done.stdout
+
+
+# ---------------------------------------------------------------------------------------
+# Triton's GPU path traced without a GPU
+# ---------------------------------------------------------------------------------------
+# On a GPU the Triton ops are triton_ops: torch.compile traces their Python body with symbolic
+# shapes and records each kernel launch. That tracing needs no GPU: a child process without
+# the interpreter traces with fake tensors, and the captured graphs are never run.
+
+_TRACE_CHILD = """
+import torch
+from torch._dynamo.backends.common import aot_autograd
+
+import polynorm
+from polynorm import triton_kernels
+
+assert not triton_kernels._interpreted(), "TRITON_INTERPRET must be unset"
+graphs = []
+
+
+class Traced(Exception):
+    pass
+
+
+def capture(gm, example_inputs):  # keeps the traced graph; there is no GPU to run it on
+    graphs.append(gm)
+
+    def run(*args):
+        raise Traced
+
+    return run
+
+
+backend = aot_autograd(fw_compiler=capture, bw_compiler=capture)
+{body}
+wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
+print("LAUNCHES", *[sum(node.target is wrapper for node in gm.graph.nodes) for gm in graphs])
+"""
+
+
+def traced_triton_launches(body: str) -> list[int]:
+    """Runs ``body`` in a fresh process without ``TRITON_INTERPRET``, after a preamble that
+    defines ``backend`` (an aot_autograd backend that keeps each traced graph and raises
+    ``Traced`` instead of running it), ``Traced``, ``torch`` and ``polynorm``. ``body``
+    compiles with ``backend`` and calls the compiled function inside ``try: ... except
+    Traced: pass``. Returns the number of Triton kernel launches in each graph traced, in
+    order (forward graphs before their backward)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    script = _TRACE_CHILD.replace("{body}", body)
+    child = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert child.returncode == 0, child.stdout + child.stderr
+    (line,) = [line for line in child.stdout.splitlines() if line.startswith("LAUNCHES")]
+    return [int(n) for n in line.split()[1:]]

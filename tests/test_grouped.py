@@ -7,13 +7,8 @@ Expert e owns rows [offsets[e-1], offsets[e]) of x (flattened to (M, H)); rows a
 offsets[E-1] belong to no expert (y = 0, grad_x = 0, never read).
 """
 
-import contextlib
 import math
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -25,22 +20,25 @@ from _matrix import (
     BACKENDS,
     DEVICES,
     DTYPES,
+    INTERPRET,
     LAYOUTS,
     Grads,
     _same_layout_leaf,
+    assert_python_checks_match_cpp,
     check_against_oracle,
     closed_form,
     compute_eps,
     make_params,
     make_rows,
+    poisoned_outputs,
     rel_l2,
     requires_cuda,
     requires_interpreter,
     requires_triton,
+    run_readme_block,
     seed_for,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 ALL_BACKENDS = BACKENDS + [("cpu", "reference"), pytest.param("cuda", "reference", marks=requires_cuda)]
 TRITON_BACKENDS = [p for p in BACKENDS if getattr(p, "values", p)[1] == "triton"]
 # The ops of each kernel backend.
@@ -65,26 +63,6 @@ def make_experts(E: int, dtype, device, gen: torch.Generator):
 
 def offsets_of(counts, device, dtype=torch.int64) -> torch.Tensor:
     return torch.tensor(counts, dtype=torch.int64).cumsum(0).to(dtype).to(device)
-
-
-@contextlib.contextmanager
-def poisoned_outputs():
-    """Every torch.empty / at::empty inside (the ops' outputs, rstd, the row partials) comes
-    back filled with NaN, so an element a kernel fails to write shows up (as a NaN, or as a
-    nonzero where a 0 is expected). torch's deterministic mode does the filling; warn_only, as
-    only the filling is wanted."""
-    saved = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.utils.deterministic.fill_uninitialized_memory,
-    )
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.utils.deterministic.fill_uninitialized_memory = True
-    try:
-        yield
-    finally:
-        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
-        torch.utils.deterministic.fill_uninitialized_memory = saved[2]
 
 
 def run_grouped(backend, x, g, w, b, offsets=None, counts=None, eps=EPS) -> Grads:
@@ -487,7 +465,7 @@ _FWD_OPS = ["grouped_forward", pytest.param("grouped_forward_triton", marks=[req
 
 
 def _triton_runs_on(device):
-    return device == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return device == "cuda" or INTERPRET
 
 
 @pytest.mark.parametrize("op", _FWD_OPS)
@@ -524,6 +502,20 @@ def test_backward_errors(device, fwd, bwd, name, make, message):
     _, rstd = getattr(torch.ops.polynorm, fwd)(x, w, b, o, EPS)
     with pytest.raises(RuntimeError, match=re.escape(f"polynorm.{bwd}: {message}")):
         getattr(torch.ops.polynorm, bwd)(*make(torch.randn_like(x), x, w, o, rstd))
+
+
+# The Python checks (the fake kernels, the Triton ops) against the C++ ones: the same
+# messages (polynorm/_common.py keeps csrc/polynorm.cpp's words and order).
+@pytest.mark.parametrize("name,make", [e[:2] for e in FORWARD_ERRORS], ids=[e[0] for e in FORWARD_ERRORS])
+def test_forward_python_checks_match_cpp(name, make):
+    assert_python_checks_match_cpp(torch.ops.polynorm.grouped_forward, (*make(*_inputs("cpu")), EPS))
+
+
+@pytest.mark.parametrize("name,make", [e[:2] for e in BACKWARD_ERRORS], ids=[e[0] for e in BACKWARD_ERRORS])
+def test_backward_python_checks_match_cpp(name, make):
+    x, w, b, o = _inputs("cpu")
+    _, rstd = torch.ops.polynorm.grouped_forward(x, w, b, o, EPS)
+    assert_python_checks_match_cpp(torch.ops.polynorm.grouped_backward, make(torch.randn_like(x), x, w, o, rstd))
 
 
 @pytest.mark.parametrize("which", ["weight", "bias", "offsets"])
@@ -868,10 +860,4 @@ def test_cuda_graph_capture(backend):
 
 
 def test_readme_grouped_block_runs_as_pasted(tmp_path):
-    blocks = re.findall(r"```python\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
-    (block,) = [b for b in blocks if "polynorm.poly_norm_grouped(" in b]
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert float(done.stdout.strip().splitlines()[-1]) < 1e-5, done.stdout
+    run_readme_block("polynorm.poly_norm_grouped(", tmp_path)

@@ -21,6 +21,7 @@ from _matrix import (
     DEVICES,
     DTYPES,
     LAYOUTS,
+    assert_python_checks_match_cpp,
     check_against_oracle_mul,
     closed_form_mul,
     floor_errors_mul,
@@ -30,6 +31,7 @@ from _matrix import (
     requires_interpreter,
     requires_triton,
     run_backend_mul,
+    run_readme_block,
     seed_for,
 )
 
@@ -346,6 +348,24 @@ def test_mul_backward_op_errors(device, name, make, message):
         torch.ones(4, device="cuda").sum().item()
 
 
+# The Python checks (polynorm/_common.py: the fake kernels, the Triton ops) give the C++
+# checks' messages, in the C++ order (x, weight, bias, grad_out, mul, rstd): each case below
+# has one bad argument, or two, where the first in that order must be the one named.
+BACKWARD_MESSAGE_CASES = BACKWARD_ERRORS + [
+    ("int x", lambda g, x, m, w, b, r: (g.int(), x.int(), m.int(), w, b, r)),
+    ("0-d x", lambda g, x, m, w, b, r: (g[0, 0], x[0, 0], m[0, 0], w, b, r)),
+    ("H = 0", lambda g, x, m, w, b, r: (g[:, :0], x[:, :0], m[:, :0], w, b, r)),
+    ("int weight", lambda g, x, m, w, b, r: (g, x, m, w.int(), b, r)),
+    ("int bias", lambda g, x, m, w, b, r: (g, x, m, w, b.int(), r)),
+    ("bias before grad_out", lambda g, x, m, w, b, r: (g[:, :3], x, m, w, torch.zeros(2), r)),
+    ("grad_out before mul", lambda g, x, m, w, b, r: (g.double(), x, m[:2], w, b, r)),
+    ("mul before rstd", lambda g, x, m, w, b, r: (g, x, m.half(), w, b, r[:3])),
+]
+@pytest.mark.parametrize("name,make", [c[:2] for c in BACKWARD_MESSAGE_CASES], ids=[c[0] for c in BACKWARD_MESSAGE_CASES])
+def test_mul_backward_python_checks_match_cpp(name, make):
+    assert_python_checks_match_cpp(torch.ops.polynorm.mul_backward, make(*_backward_args("cpu")))
+
+
 @pytest.mark.parametrize("which", ["x", "mul", "weight", "bias"])
 def test_none_arguments(which):
     args = dict(zip(("x", "mul", "weight", "bias"), _inputs("cpu")))
@@ -660,16 +680,4 @@ def test_triton_ops_registered():
 
 def test_readme_block_runs_as_pasted(tmp_path):
     # The README's fused PolyNorm x mul block, in a fresh interpreter in an empty folder.
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    blocks = re.findall(r"```python\n(.*?)```", (root / "README.md").read_text(), flags=re.S)
-    (block,) = [b for b in blocks if "FusedMulPolyNorm(" in b]
-    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("TRITON_INTERPRET", None)
-    done = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert float(done.stdout.strip().splitlines()[-1]) < 1e-5, done.stdout
+    run_readme_block("FusedMulPolyNorm(", tmp_path)
