@@ -310,7 +310,14 @@ def test_every_row_builds_the_same_parameters(liger):
             assert isinstance(act, polynorm.FusedMulPolyNorm if mlp == "gated" else polynorm.PolyNorm), (mlp, label)
 
 
-def test_liger_gated_rows_run_polynorm_then_mul(liger):
+@pytest.fixture
+def liger_stub(monkeypatch):
+    """The stub in place of Liger's PolyNorm, installed or not: CPU tensors, on any machine
+    (the installed Liger runs on CUDA tensors only; the main job runs it on a GPU)."""
+    monkeypatch.setattr(lm_model, "_liger_function", lambda: (StubLigerPolyNormFunction, True, ""))
+
+
+def test_liger_gated_rows_run_polynorm_then_mul(liger_stub):
     """Liger has no fused op: its gated row runs its PolyNorm, y rounded to x's dtype, then
     ``*``; the lock-step comparison runs it beside the fused rows, reports it and does not
     enforce it."""
@@ -327,11 +334,10 @@ def test_liger_gated_rows_run_polynorm_then_mul(liger):
     assert runs["cpu"]["op"] == "fused polynorm::mul_forward" and runs["cpu"]["lock"]["agrees"]
     assert "| gated | bf16 | liger | Liger PolyNorm, then * |" in train_lm.lock_step_table(report)
     assert not train_lm.enforced("liger")
-    if lm_model._liger_function()[0] is StubLigerPolyNormFunction:
-        # The stub is the exact PolyNorm rounded to bf16, then the multiply rounded again: the
-        # double rounding a public fork of the fused kernel had. Lock-step sees it (130 floors
-        # on a CPU; the fused kernel 1.4).
-        assert not runs["liger"]["lock"]["agrees"], runs["liger"]["lock"]["floors"]
+    # The stub is the exact PolyNorm rounded to bf16, then the multiply rounded again: the
+    # double rounding a public fork of the fused kernel had. Lock-step sees it (130 floors
+    # on a CPU; the fused kernel 1.4).
+    assert not runs["liger"]["lock"]["agrees"], runs["liger"]["lock"]["floors"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
