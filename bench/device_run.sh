@@ -13,8 +13,11 @@
 #   suite    the whole test suite, 8 pytest-xdist workers on the one GPU, with --durations=15
 #   dist     the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
 #   bench    bench/bench.py --quick (JSON, PNGs, summary), ~1 min
-# Multi-file outputs are also packed as .tgz: the device tool returns a limited number of
-# files. liger-kernel, when wanted, comes as a wheel in .whl/ (see the device tool's README).
+#   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
+#   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
+#   variants    bench/variants_timing.py: every CUDA kernel family forced at each H, ~30 s
+# Multi-file outputs are packed as .tgz and the loose files removed: the device tool returns
+# a limited number of files, and drops the rest (2026-11-30b, call 4 lost its main job's). liger-kernel, when wanted, comes as a wheel in .whl/ (see the device tool's README).
 set -uo pipefail
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
@@ -51,7 +54,7 @@ for stage in "${stages[@]}"; do
       mkdir -p "$OUT/train"
       /usr/bin/time -f "train wall %e s" timeout 420 python3 -m polynorm --no-progress --out "$OUT/train" \
         > "$OUT/train/train.log" 2>&1; echo "train rc=$?"; tail -32 "$OUT/train/train.log"
-      tar czf "$OUT/train.tgz" -C "$OUT" train ;;
+      tar czf "$OUT/train.tgz" -C "$OUT" train && rm -rf "$OUT/train" ;;
     suite)
       /usr/bin/time -f "suite wall %e s" timeout "${SUITE_TIMEOUT:-320}" python3 -m pytest tests -q -ra -p no:cacheprovider \
         -n 8 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
@@ -66,10 +69,17 @@ for stage in "${stages[@]}"; do
         wait
         for backend in cuda triton; do echo "torchrun $mode $backend:"; tail -3 "$OUT/torchrun_${mode}_${backend}.log"; done
       done
-      tar czf "$OUT/dist.tgz" -C "$OUT" $(cd "$OUT" && ls torchrun_*.log) ;;
+      tar czf "$OUT/dist.tgz" -C "$OUT" $(cd "$OUT" && ls torchrun_*.log) && rm -f "$OUT"/torchrun_*.log ;;
     bench)
       timeout 150 python3 bench/bench.py --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
-      tar czf "$OUT/bench.tgz" -C "$OUT" bench ;;
+      tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench" ;;
+    mul_timing)
+      timeout 110 python3 bench/ops_timing.py --op poly_norm_mul 2>&1 | tee "$OUT/ops_timing_mul.log" ;;
+    mul_bench)
+      timeout 150 python3 bench/bench.py --op poly_norm_mul --quick --out "$OUT/bench_mul" > "$OUT/bench_mul.log" 2>&1
+      echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
+    variants)
+      timeout 150 python3 bench/variants_timing.py 2>&1 | tee "$OUT/variants_timing.log" ;;
     *)
       echo "unknown stage: $stage" ;;
   esac
