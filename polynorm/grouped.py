@@ -91,14 +91,20 @@ if _triton_grouped is not None:
     _register_grouped_autograd("polynorm::grouped_forward_triton", torch.ops.polynorm.grouped_backward_triton.default)
 
 
-def _offsets_from_counts(counts) -> Tensor:
+def _offsets_from_counts(counts, x: Tensor, weight: Tensor) -> Tensor:
     op = "polynorm.poly_norm_grouped"
     if not isinstance(counts, Tensor):
         raise TypeError(f"{op}: expected counts to be a Tensor, got {type(counts).__name__}")
     if counts.dtype not in (torch.int32, torch.int64):
         raise RuntimeError(f"{op}: expected counts to be int32 or int64, got {counts.dtype}")
-    if counts.dim() != 1:
-        raise RuntimeError(f"{op}: expected counts of shape [E] (rows per expert), got {list(counts.shape)}")
+    E = weight.shape[0] if isinstance(weight, Tensor) and weight.dim() >= 1 else None
+    if counts.dim() != 1 or (E is not None and counts.shape[0] != E):
+        expected = f"[{E}]" if E is not None else "[E]"
+        raise RuntimeError(
+            f"{op}: expected counts of shape {expected} (rows per expert of weight), got {list(counts.shape)}"
+        )
+    if isinstance(x, Tensor) and counts.device != x.device:
+        raise RuntimeError(f"{op}: expected counts on x's device {x.device}, got {counts.device}")
     # On counts' device, no host synchronisation; int64, so no sum can overflow.
     return torch.cumsum(counts, 0, dtype=torch.int64)
 
@@ -179,8 +185,9 @@ def poly_norm_grouped(
 
         # Motif-style MoE MLP: tokens sorted by expert, one PolyNorm per expert.
         counts = torch.bincount(expert_ids, minlength=E)  # on the GPU, no sync
+        offsets = torch.cumsum(counts, 0)                  # cumulative ends, still on the GPU
         h = torch._grouped_mm(x_sorted, w_up, offs=offsets.int())
-        h = polynorm.poly_norm_grouped(h, weight, bias, offsets)
+        h = polynorm.poly_norm_grouped(h, weight, bias, offsets)  # or counts=counts
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
@@ -190,7 +197,7 @@ def poly_norm_grouped(
             f"{op_name}: expected exactly one of offsets and counts, got {'both' if counts is not None else 'neither'}"
         )
     if counts is not None:
-        offsets = _offsets_from_counts(counts)
+        offsets = _offsets_from_counts(counts, x, weight)
     elif not isinstance(offsets, Tensor):
         raise TypeError(f"{op_name}: expected offsets to be a Tensor, got {type(offsets).__name__}")
     if type(eps) is not float:

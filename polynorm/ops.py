@@ -166,13 +166,18 @@ def _reference_eps(op: str, check, eps, *tensors):
     return check(op, *tensors, eps, traced=traced)
 
 
-def _check_kernel_backend(op: str, backend: str, x: Tensor) -> None:
-    """Refuses a backend that cannot run x: an unknown name, ``"cuda"`` with x neither on a
-    CUDA device nor on the meta device (shape inference: a module built under
-    torch.device("meta")), ``"triton"`` without the triton package."""
+def _check_kernel_backend(op: str, backend: str, x: Tensor, **tensors) -> None:
+    """Refuses what the kernel backends cannot run: x (or another tensor argument) neither a
+    tensor nor None (TypeError, as the reference backend; None gets the op's own message), an
+    unknown backend, ``"cuda"`` with x neither on a CUDA device nor on the meta device (shape
+    inference: a module built under torch.device("meta")), ``"triton"`` without the triton
+    package."""
+    for name, t in (("x", x), *tensors.items()):
+        if t is not None and not isinstance(t, Tensor):
+            raise TypeError(f"{op}: expected {name} to be a Tensor, got {type(t).__name__}")
     if backend not in _KERNEL_OPS:
         raise ValueError(f"{op}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
-    if backend == "cuda" and not (x.is_cuda or x.is_meta):
+    if backend == "cuda" and isinstance(x, Tensor) and not (x.is_cuda or x.is_meta):
         raise RuntimeError(f"{op}: backend 'cuda' expected x on a CUDA device (or the meta device), got {x.device}")
     if backend == "triton" and _triton_kernels is None:
         raise RuntimeError(f"{op}: backend 'triton' expected the triton package to import, got {_TRITON_IMPORT_ERROR}")
@@ -231,7 +236,7 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
     if backend == "reference":
         eps = _reference_eps("polynorm.poly_norm", check_forward_args, eps, x, weight, bias)
         return reference._poly_norm(x, weight, bias, eps)
-    _check_kernel_backend("polynorm.poly_norm", backend, x)
+    _check_kernel_backend("polynorm.poly_norm", backend, x, weight=weight, bias=bias)
     if isinstance(eps, Tensor):  # only under torch.compile (see eps_operand)
         return torch.ops.polynorm.forward_tensor_eps(x, weight, bias, eps, backend)[0]
     if backend != "triton":
@@ -311,7 +316,7 @@ def poly_norm_mul(
     if backend == "reference":
         eps = _reference_eps("polynorm.poly_norm_mul", check_mul_forward_args, eps, x, mul, weight, bias)
         return reference._poly_norm_mul(x, mul, weight, bias, eps)
-    _check_kernel_backend("polynorm.poly_norm_mul", backend, x)
+    _check_kernel_backend("polynorm.poly_norm_mul", backend, x, mul=mul, weight=weight, bias=bias)
     if isinstance(eps, Tensor):  # only under torch.compile (see eps_operand)
         return torch.ops.polynorm.mul_forward_tensor_eps(x, mul, weight, bias, eps, backend)[0]
     if backend == "triton":

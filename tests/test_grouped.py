@@ -551,10 +551,12 @@ def test_api_errors():
         f(x, w, b, [2, 3, 6])
     with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts to be int32 or int64, got torch\.float32"):
         f(x, w, b, counts=torch.tensor([2.0, 1.0, 3.0]))
-    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts of shape \[E\] \(rows per expert\), got \[1, 3\]"):
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts of shape \[3\] \(rows per expert of weight\), got \[1, 3\]"):
         f(x, w, b, counts=torch.tensor([[2, 1, 3]]))
-    with pytest.raises(RuntimeError, match=r"polynorm\.grouped_forward: expected offsets of shape \[3\]"):
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts of shape \[3\] \(rows per expert of weight\), got \[2\]"):
         f(x, w, b, counts=torch.tensor([2, 1]))
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts on x's device cpu, got meta"):
+        f(x, w, b, counts=torch.tensor([2, 1, 3], device="meta"))
     with pytest.raises(ValueError, match=r"polynorm\.poly_norm_grouped: expected backend to be one of auto, cuda, triton, reference, got 'nope'"):
         f(x, w, b, o, backend="nope")
     with pytest.raises(RuntimeError, match=r"backend 'cuda' expected x on a CUDA device \(or the meta device\), got cpu"):

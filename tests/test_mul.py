@@ -374,10 +374,14 @@ def test_none_arguments(which):
         torch.ops.polynorm.mul_forward(*args.values(), 1e-6)
 
 
-def test_mul_not_a_tensor_reference():
-    x, mul, w, b = _inputs("cpu")
-    with pytest.raises(TypeError, match=r"polynorm\.poly_norm_mul: expected mul to be a Tensor, got list"):
-        polynorm.poly_norm_mul(x, mul.tolist(), w, b, backend="reference")
+@pytest.mark.parametrize("backend", ["reference", "auto", "cuda", "triton"])
+@pytest.mark.parametrize("which", ["x", "mul"])
+def test_mul_not_a_tensor(which, backend):
+    # Every backend, the kernel ones included, refuses a non-tensor with the same TypeError.
+    args = dict(zip(("x", "mul", "weight", "bias"), _inputs("cpu")))
+    args[which] = args[which].tolist()
+    with pytest.raises(TypeError, match=rf"polynorm\.poly_norm_mul: expected {which} to be a Tensor, got list"):
+        polynorm.poly_norm_mul(*args.values(), backend=backend)
 
 
 @pytest.mark.parametrize("which", ["mul", "weight", "bias"])
