@@ -43,6 +43,7 @@ from _matrix import (
     requires_interpreter,
     requires_triton,
     seed_for,
+    traced_triton_launches,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,32 +302,9 @@ def test_compile_dynamic_hidden_size_no_recompile(device, backend):
             y.sum().backward()
 
 
-_GPU_PATH_CHILD = """
-import torch
-from torch._dynamo.backends.common import aot_autograd
-
-import polynorm
-from polynorm import triton_kernels
-
-assert not triton_kernels._interpreted(), "TRITON_INTERPRET must be unset"
-graphs = []
-
-
-class Traced(Exception):
-    pass
-
-
-def capture(gm, example_inputs):  # keeps the traced graph; there is no GPU to run it on
-    graphs.append(gm)
-
-    def run(*args):
-        raise Traced
-
-    return run
-
-
+# Run by _matrix.traced_triton_launches after its preamble (`backend`, `Traced`, `polynorm`).
+_GPU_PATH_BODY = """
 block = torch.nn.Sequential(torch.nn.Linear(16, 64), polynorm.PolyNorm(backend="triton"))
-backend = aot_autograd(fw_compiler=capture, bw_compiler=capture)
 compiled = torch.compile(block, backend=backend, fullgraph=True, dynamic=True)
 with torch._dynamo.config.patch(error_on_recompile=True):
     # M = 3 * rows: the backward's persistent grid reaches its cap (32 programs here) at 1024.
@@ -335,9 +313,6 @@ with torch._dynamo.config.patch(error_on_recompile=True):
             compiled(torch.randn(rows, 3, 16))
         except Traced:
             pass
-wrapper = torch.ops.higher_order.triton_kernel_wrapper_functional
-launches = [sum(node.target is wrapper for node in gm.graph.nodes) for gm in graphs]
-print("LAUNCHES", launches)
 """
 
 
@@ -349,12 +324,7 @@ def test_triton_gpu_path_traces_with_dynamic_batch():
     # CPU-only check runs it in a process without the interpreter (the tensors are fake
     # while tracing; the captured graphs are not run): one graph for the forward with one
     # launch, one for the backward with two, and no recompile as M grows.
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    child = subprocess.run(
-        [sys.executable, "-c", _GPU_PATH_CHILD], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
-    )
-    assert child.returncode == 0, child.stdout + child.stderr
-    assert "LAUNCHES [1, 2]" in child.stdout, child.stdout + child.stderr
+    assert traced_triton_launches(_GPU_PATH_BODY) == [1, 2]
 
 
 # ---------------------------------------------------------------------------------------
