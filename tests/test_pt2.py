@@ -19,7 +19,6 @@ Triton ops under the interpreter is checked here.
 import copy
 import io
 import math
-import os
 import re
 import subprocess
 import sys
