@@ -40,6 +40,17 @@ constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
 constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
 constexpr int kRowMaxThreads = 1024;
 
+// Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread for
+// PolyNorm's forward and backward (bf16 and fp16 only; 0 = the constants above), and the
+// grid: 0 = one block per R rows (the hardware schedules them), k > 0 = at most k blocks per
+// resident slot, each walking rows k * slots apart. Defined in polynorm.cpp.
+struct RowTuning {
+  int fwd_packs;
+  int bwd_packs;
+  int grid_waves;
+};
+RowTuning row_tuning();
+
 // Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and
 // kFwdPacks (kBwdPacks) packs per thread and tensor in registers per tile. With
 // 1024-thread groups the register cap is 64 a thread, which these counts fit.
@@ -87,15 +98,29 @@ struct LaunchPlan {
   TiledPlan tiled;
 };
 
-// G = the smallest power of two with G * packs_per_thread >= the row's packs, so the row is
-// read once; blocks of max(G, 128) threads (128-thread blocks keep up to 16 blocks an SM
-// resident when rows are short). Not ok past kRowMaxThreads threads a row.
+// G threads a row, the fewest with G * packs_per_thread >= the row's packs, so the row is
+// read once: a power of two up to 128 (several rows a warp or a block), then a multiple of
+// 32 (one row a block of G threads: H = 16385 bf16 takes 288 threads, not 512). Blocks of
+// max(G, 128) threads (128-thread blocks keep up to 16 blocks an SM resident when rows are
+// short). Not ok past kRowMaxThreads threads a row.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
   const int64_t packs = (H * elem_size + 15) / 16;
+  const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
-  while (G * packs_per_thread < packs) G *= 2;
+  while (G < need && G < kRowMinThreads) G *= 2;
+  if (G < need) G = (need + 31) / 32 * 32;
   if (G > kRowMaxThreads) return {false, 0, 0};
   return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
+}
+
+// Packs a thread of the row kernels for one op and element size (the tuning applies to
+// PolyNorm's own 2-byte builds, the only ones built with other counts).
+inline int row_packs(bool backward, bool mul, int elem_size) {
+  if (mul) return backward ? kRowMulBwdPacks : kRowMulFwdPacks;
+  const RowTuning t = row_tuning();
+  const int tuned = backward ? t.bwd_packs : t.fwd_packs;
+  if (elem_size == 2 && tuned > 0) return tuned;
+  return backward ? kRowBwdPacks : kRowFwdPacks;
 }
 
 // R rows per stage: the most (a power of two, <= 256) whose inputs stay within
@@ -136,7 +161,7 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned,
                               int64_t smem_limit, KernelKind forced = KernelKind::kAuto) {
   LaunchPlan plan{};
-  plan.packs = backward ? (mul ? kRowMulBwdPacks : kRowBwdPacks) : (mul ? kRowMulFwdPacks : kRowFwdPacks);
+  plan.packs = row_packs(backward, mul, elem_size);
   plan.row = row_plan(H, elem_size, plan.packs);
   plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);

@@ -182,6 +182,25 @@ KernelKind kernel_kind(const std::string& name) {
 // the row (launch_plan.h). Process-wide; "auto" restores the table's choice.
 void force_kernel(const std::string& kind) { g_forced_kernel.store(static_cast<int>(kernel_kind(kind))); }
 
+std::atomic<int> g_fwd_packs{0};
+std::atomic<int> g_bwd_packs{0};
+std::atomic<int> g_grid_waves{1};
+
+// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 2, 4 or 8;
+// backward: 2 or 4; 0 = the default) and grid (0 = a block per R rows, k > 0 = at most k
+// blocks per resident slot). Process-wide; _tune_rows(0, 0, 1) restores the defaults.
+void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves) {
+  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 2 || fwd_packs == 4 || fwd_packs == 8,
+                    "polynorm._tune_rows: expected fwd_packs to be 0, 2, 4 or 8, got ", num(fwd_packs));
+  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
+                    "polynorm._tune_rows: expected bwd_packs to be 0, 2 or 4, got ", num(bwd_packs));
+  TORCH_CHECK_VALUE(grid_waves >= 0 && grid_waves <= 64, "polynorm._tune_rows: expected 0 <= grid_waves <= 64, got ",
+                    num(grid_waves));
+  g_fwd_packs.store(static_cast<int>(fwd_packs));
+  g_bwd_packs.store(static_cast<int>(bwd_packs));
+  g_grid_waves.store(static_cast<int>(grid_waves));
+}
+
 // The plan a CUDA launch would take: "row G=... threads=... packs=...", "staged ..." or
 // "tiled ...". Computed on the host (no GPU needed); smem_limit is the dynamic shared memory
 // a block may use (the H200's default).
@@ -224,6 +243,10 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 }  // namespace
 
 KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
+RowTuning row_tuning() {
+  return {g_fwd_packs.load(std::memory_order_relaxed), g_bwd_packs.load(std::memory_order_relaxed),
+          g_grid_waves.load(std::memory_order_relaxed)};
+}
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                 const at::Tensor& offsets, double eps) {
@@ -255,6 +278,7 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
+  m.def("_tune_rows(int fwd_packs, int bwd_packs, int grid_waves) -> ()", &polynorm::tune_rows);
   // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872) -> str",
         &polynorm::launch_plan_op);

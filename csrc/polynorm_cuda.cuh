@@ -1019,59 +1019,95 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
 #define POLYNORM_ROW_MIN_BLOCKS 3
 #endif
 
-__device__ __forceinline__ Pack shfl_down_pack(const Pack& v, int width) {
-  return make_uint4(__shfl_down_sync(0xffffffffu, v.x, 1, width), __shfl_down_sync(0xffffffffu, v.y, 1, width),
-                    __shfl_down_sync(0xffffffffu, v.z, 1, width), __shfl_down_sync(0xffffffffu, v.w, 1, width));
-}
-__device__ __forceinline__ Pack shfl_up_pack(const Pack& v, int width) {
-  return make_uint4(__shfl_up_sync(0xffffffffu, v.x, 1, width), __shfl_up_sync(0xffffffffu, v.y, 1, width),
-                    __shfl_up_sync(0xffffffffu, v.z, 1, width), __shfl_up_sync(0xffffffffu, v.w, 1, width));
+// Blocks of a <= 256-thread build that must fit an SM at once: 3 (80 registers a thread)
+// for rows of 8 or more packs a thread in registers; 4 (64 registers) for fewer, which
+// need fewer registers, so that more rows are in flight.
+constexpr int row_min_blocks(int max_threads, bool mul, int packs_held) {
+  return max_threads != 256 ? 1 : (mul || packs_held >= 8) ? POLYNORM_ROW_MIN_BLOCKS : 4;
 }
 
-// Where the group's lanes stand: G threads a row, W = min(G, 32) lanes a warp segment.
+// Where the group's lanes stand: G threads a row, in warp segments of W = min(G, 32)
+// lanes. Segment k owns the row's packs [k S, (k + 1) S), S = W * kPacks, and its lane j
+// owns packs k S + j, k S + j + W, ..., so every warp access is 512 contiguous bytes and
+// the neighbour of a lane's pack is the next lane's (the segment's last lane: lane 0's next
+// pack, or, past its last, the next segment's first).
 struct RowLane {
-  int lane;      // 0..G-1
+  int lane;  // 0..G-1
   int G;
   int W;
-  bool seg_first;
-  bool seg_last;
+  int j;     // lane within its segment, 0..W-1
+  int base;  // the lane's first pack: packs base + i * W, i < kPacks
+  int seg_end;  // first pack past the segment: base of the next segment's lane 0
 };
+
+template <int kPacks>
+__device__ __forceinline__ RowLane row_lane(int G) {
+  const int lane = threadIdx.x % G;
+  const int W = G < 32 ? G : 32;
+  const int j = lane % W;
+  const int seg = lane / W;
+  return RowLane{lane, G, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
+}
+
+// The 16 bytes that start `shift` bytes into chunk a (and run on into chunk b), for a
+// shift that varies by row: selects, no branch (rows of one warp may differ).
+__device__ __forceinline__ Pack realign_any(const Pack& a, const Pack& b, int shift) {
+  const bool hi2 = (shift & 8) != 0, hi1 = (shift & 4) != 0;
+  const uint32_t v0 = hi2 ? a.z : a.x, v1 = hi2 ? a.w : a.y, v2 = hi2 ? b.x : a.z;
+  const uint32_t v3 = hi2 ? b.y : a.w, v4 = hi2 ? b.z : b.x, v5 = hi2 ? b.w : b.y;
+  const uint32_t w0 = hi1 ? v1 : v0, w1 = hi1 ? v2 : v1, w2 = hi1 ? v3 : v2;
+  const uint32_t w3 = hi1 ? v4 : v3, w4 = hi1 ? v5 : v4;
+  const unsigned bits = (shift & 3) * 8;
+  return make_uint4(__funnelshift_r(w0, w1, bits), __funnelshift_r(w1, w2, bits), __funnelshift_r(w2, w3, bits),
+                    __funnelshift_r(w3, w4, bits));
+}
+
+__device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
+  return make_uint4(__shfl_sync(0xffffffffu, v.x, src, width), __shfl_sync(0xffffffffu, v.y, src, width),
+                    __shfl_sync(0xffffffffu, v.z, src, width), __shfl_sync(0xffffffffu, v.w, src, width));
+}
 
 // Loads a row's packs into registers in two steps, so that the loads of several rows
 // (x and grad_y) are in flight together: issue_row starts them, finish_row realigns.
-// Afterwards buf[i] = pack lane + i * G (zero past the row; elements past H inside the
-// last pack are garbage that the caller masks). `realign_rows`: some rows of the tensor
-// are not 16-byte aligned; `edge` is this warp segment's kPacks shared-memory slots
-// (used then only). finish_row needs cp_async_commit + cp_async_wait<0> before it.
+// Afterwards buf[i] = pack base + i * W (zero past the row; elements past H inside the
+// last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
+// tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
+// pack's index, and the segment's last lane also the chunk after its segment (`ext`).
 template <typename scalar_t, int kPacks>
-__device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
-                                          bool realign_rows, Pack* edge) {
+__device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
+                                          const RowLane& rl, bool realign_rows) {
   constexpr int kVec = PackOf<scalar_t>::kVec;
-  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
   const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
   const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
-  // Chunks covering the row: P, or P + 1 when a misaligned row spills into one more.
-  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16) : P;
+  // Chunks covering the row: its packs, or one more when a misaligned row spills over.
+  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
+                                  : static_cast<int>((H + kVec - 1) / kVec);
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
-    const int p = rl.lane + i * rl.G;
+    const int p = rl.base + i * rl.W;
     buf[i] = p < chunks ? src[p] : make_uint4(0u, 0u, 0u, 0u);
-    if (realign_rows && rl.seg_last && p < P && p + 1 < chunks) cp_async16(edge + i, src + p + 1);
+  }
+  if (realign_rows) {
+    ext = (rl.j == rl.W - 1 && rl.seg_end < chunks) ? src[rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
 template <typename scalar_t, int kPacks>
-__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const scalar_t* row, int64_t H, const RowLane& rl,
-                                           bool realign_rows, const Pack* edge, bool mask_tail) {
+__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext, const scalar_t* row, int64_t H,
+                                           const RowLane& rl, bool realign_rows, bool mask_tail) {
   using P = PackOf<scalar_t>;
   if (realign_rows) {
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+    const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+    // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
+    // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      Pack next = shfl_down_pack(buf[i], rl.W);  // every lane takes part
-      if (rl.seg_last) next = edge[i];  // unloaded slots hold bytes past the row: masked below
-      buf[i] = realign(buf[i], next, shift);
+      const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+      Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+      if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+      buf[i] = realign_any(buf[i], next, shift);
     }
   }
   // Zero what lies past the row (packs past the end, the tail of a partial last pack),
@@ -1080,7 +1116,7 @@ __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const scalar_t* 
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      const int p = rl.lane + i * rl.G;
+      const int p = rl.base + i * rl.W;
       if (p >= packs) {
         buf[i] = make_uint4(0u, 0u, 0u, 0u);
       } else if (p == packs - 1) {
@@ -1107,19 +1143,23 @@ __device__ __forceinline__ void store_chunk_part(Pack* dst, const Pack& v, int l
   }
 }
 
-// Stores the packs of a row (the inverse of load_row). Without `realign_rows` every row
-// is 16-byte aligned and H is a multiple of the pack width.
+// Stores the packs of a row (the inverse of issue_row + finish_row). Without
+// `realign_rows` every row is 16-byte aligned and H is a multiple of the pack width.
+// Otherwise each lane writes the aligned chunk of its pack's index: the tail of the
+// previous pack (the previous lane's; for lane 0, the segment's last lane's previous one)
+// and the head of its own. Only the row's two ends and the chunk where two segments meet
+// are written narrowly (each segment writes its own bytes of it).
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPacks], int64_t H, const RowLane& rl,
                                           bool realign_rows, bool active) {
   constexpr int kVec = PackOf<scalar_t>::kVec;
-  const int P = static_cast<int>((H + kVec - 1) / kVec);  // <= 1024 * kPacks
+  const int P = static_cast<int>((H + kVec - 1) / kVec);
   if (!realign_rows) {
     if (!active) return;
     Pack* dst = reinterpret_cast<Pack*>(row);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      const int p = rl.lane + i * rl.G;
+      const int p = rl.base + i * rl.W;
       if (p < P) dst[p] = out[i];
     }
     return;
@@ -1129,24 +1169,28 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   Pack* dst = reinterpret_cast<Pack*>(addr - shift);
   const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));  // row end, in bytes from dst
   const int chunks = (end + 15) / 16;
+  const int from = rl.j == 0 ? rl.W - 1 : rl.j - 1;
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
-    const Pack prev = shfl_up_pack(out[i], rl.W);  // every lane takes part
-    const int p = rl.lane + i * rl.G;
+    const Pack offer = (rl.j == rl.W - 1 && i > 0) ? out[i > 0 ? i - 1 : i] : out[i];
+    const Pack prev = shfl_pack(offer, from, rl.W);  // every lane takes part
+    const int p = rl.base + i * rl.W;
     if (!active || p >= P) continue;
-    // Chunk p holds the last `shift` bytes of pack p - 1, then the first 16 - shift of
-    // pack p. The first lane of a segment has no pack p - 1: its owner writes that tail.
-    const int lo = (shift != 0 && rl.seg_first) ? shift : 0;
+    // Chunk p: the last `shift` bytes of pack p - 1, then the first 16 - shift of pack p.
+    // The segment's first pack has no pack p - 1 here: its owner writes that tail.
+    const bool first = rl.j == 0 && i == 0;
+    const int lo = (shift != 0 && first) ? shift : 0;
     const int hi = min(16, end - 16 * p);
-    const Pack chunk = shift == 0 ? out[i] : realign(prev, out[i], 16 - shift);
+    const Pack chunk = shift == 0 ? out[i] : realign_any(prev, out[i], 16 - shift);
     if (lo == 0 && hi == 16) {
       dst[p] = chunk;
     } else {
       store_chunk_part<scalar_t>(dst + p, chunk, lo, hi);
     }
-    if (shift != 0 && (rl.seg_last || p == P - 1) && p + 1 < chunks) {
+    const bool seg_last = rl.j == rl.W - 1 && i + 1 == kPacks;
+    if (shift != 0 && (seg_last || p == P - 1) && p + 1 < chunks) {
       // This pack's tail: the first `shift` bytes of chunk p + 1.
-      store_chunk_part<scalar_t>(dst + p + 1, realign(out[i], out[i], 16 - shift), 0,
+      store_chunk_part<scalar_t>(dst + p + 1, realign_any(out[i], out[i], 16 - shift), 0,
                                  min(shift, end - 16 * (p + 1)));
     }
   }
@@ -1180,16 +1224,9 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-__device__ __forceinline__ RowLane row_lane(int G) {
-  const int lane = threadIdx.x % G;
-  const int W = G < 32 ? G : 32;
-  return RowLane{lane, G, W, lane % W == 0, lane % W == W - 1};
-}
-
-// Forward, row kernel. blockDim.x = R * G; dynamic shared memory: kPacks slots per warp
-// segment when x_realign.
+// Forward, row kernel. blockDim.x = R * G.
 template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
-__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_fwd_row_kernel(
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPacks)) poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
     bool x_realign_arg,                            // some x rows are not 16-byte aligned
@@ -1205,17 +1242,15 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
     int G) {
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  extern __shared__ Pack edge_slots[];
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // kRealign = false: every row aligned, H a multiple of the pack width; the
   // compiler then drops the realignment code and its registers.
   const bool x_realign = kRealign && x_realign_arg;
   const bool y_realign = kRealign && y_realign_arg;
 
-  const RowLane rl = row_lane(G);
+  const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
-  Pack* edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
@@ -1228,24 +1263,21 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
     Pack buf[kPacks];
-    issue_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge);
+    Pack ext;
+    issue_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign);
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
-    Pack mb[kMul ? kPacks : 1];
+    Pack mb[kMul ? kPacks : 1] = {};
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
-        const int p = rl.lane + i * rl.G;
+        const int p = rl.base + i * rl.W;
         mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
-    if (x_realign) {
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
-    finish_row<scalar_t, kPacks>(buf, x_row, H, rl, x_realign, edge, kRealign);
+    finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, buf holds zeros
 #pragma unroll
@@ -1290,7 +1322,7 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
 template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
-__global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW_MIN_BLOCKS : 1) poly_norm_bwd_row_kernel(
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, 2 * kPacks)) poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
     bool g_realign_arg,
@@ -1308,19 +1340,15 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
     int G) {
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  extern __shared__ Pack edge_slots[];
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
   const bool x_realign = kRealign && x_realign_arg;  // as in forward
   const bool g_realign = kRealign && g_realign_arg;
   const bool dx_realign = kRealign && dx_realign_arg;
 
-  const RowLane rl = row_lane(G);
+  const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
-  const int segments = blockDim.x / rl.W;
-  Pack* x_edge = edge_slots + (threadIdx.x / rl.W) * kPacks;
-  Pack* g_edge = x_edge + segments * kPacks;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2);
@@ -1343,21 +1371,18 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
     const scalar_t* g_row = grad_y + r * g_row_stride;
     Pack xb[kPacks];
     Pack gb[kPacks];
-    issue_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge);
-    issue_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge);
-    if (x_realign || g_realign) {
-      cp_async_commit();
-      cp_async_wait<0>();
-    }
+    Pack x_ext, g_ext;
+    issue_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign);
+    issue_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
-    Pack mb[kMul ? kPacks : 1];
+    Pack mb[kMul ? kPacks : 1] = {};
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + r * mul.row_stride;
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
-        const int p = rl.lane + i * rl.G;
+        const int p = rl.base + i * rl.W;
         mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
@@ -1365,8 +1390,8 @@ __global__ void __launch_bounds__(kMaxThreads, kMaxThreads == 256 ? POLYNORM_ROW
       if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
       return P::value(gp, k);
     };
-    finish_row<scalar_t, kPacks>(xb, x_row, H, rl, x_realign, x_edge, kRealign);
-    finish_row<scalar_t, kPacks>(gb, g_row, H, rl, g_realign, g_edge, kRealign);
+    finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
+    finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
 
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, xb and gb hold zeros
 #pragma unroll
@@ -1478,12 +1503,6 @@ int64_t persistent_grid(Kernel kernel, const StagedPlan& plan, int64_t stages) {
 // as many blocks as fit at once (their register use caps it, ~64 a thread under the
 // 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
-// Shared memory for the edge slots of misaligned rows: kPacks per warp segment and tensor.
-size_t row_edge_smem(const RowPlan& plan, int packs_per_thread, int realigned_inputs) {
-  const int W = std::min(plan.G, 32);
-  return static_cast<size_t>(plan.threads / W) * packs_per_thread * 16 * realigned_inputs;
-}
-
 // Four builds of each row kernel: with or without the realignment code (misaligned
 // rows or odd H), and for blocks of up to 256 threads (free to use ~70-90 registers a
 // thread) or up to 1024 (capped at 64, where a few values spill to local memory).
@@ -1515,10 +1534,52 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
   return blocks;
 }
 
+// `waves`: at most this many blocks per resident slot (1: a persistent grid); 0: a block
+// per R rows, scheduled by the hardware.
 template <typename Kernel>
-int64_t row_grid(Kernel kernel, const RowPlan& plan, size_t smem, int64_t M) {
+int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, int waves = 1) {
   const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
-  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, resident_blocks(kernel, plan.threads, smem)));
+  if (waves == 0) return std::max<int64_t>(1, row_blocks);
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
+}
+
+// The row kernel's forward launch for kPacks packs a thread.
+template <typename scalar_t, int kPacks, bool kMul>
+void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
+                        scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
+                        const MulArgs<scalar_t>& mul, int64_t M, int64_t H, double eps, cudaStream_t stream) {
+  const RowPlan& row = lp.row;
+  const bool realign = !x_vec_ok || !y_vec_ok;
+  const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
+                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
+                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
+                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+  const int64_t grid = row_grid(kernel, row, M, row_tuning().grid_waves);
+  kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
+                                                                 weight, bias, mul, M, H, eps, row.G);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The row kernel's backward launch for kPacks packs a thread; allocates the partials.
+template <typename scalar_t, int kPacks, bool kMul>
+void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
+                         int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
+                         const at::opmath_type<scalar_t>* rstd, ParamRef weight, scalar_t* dx_ptr,
+                         ParamGrads<at::opmath_type<scalar_t>> pg, at::Tensor& partials, const at::Tensor& acc_like,
+                         const MulArgs<scalar_t>& mul, int64_t M, int64_t H, cudaStream_t stream) {
+  const RowPlan& row = lp.row;
+  const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
+  const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
+                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
+                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
+                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+  const int64_t blocks = row_grid(kernel, row, M);
+  partials = at::empty({blocks, 4}, acc_like.options());
+  pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
+  kernel<<<static_cast<unsigned>(blocks), row.threads, 0, stream>>>(g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride,
+                                                                   !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok, pg,
+                                                                   mul, M, H, row.G);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Arrival counters for the backward's last-block reduction (finish_param_grads), in static
@@ -1587,20 +1648,19 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
     }
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
-    const RowPlan& row = lp.row;
     if (lp.kind == KernelKind::kRow) {
-      const bool realign = !x_vec_ok || !y_vec_ok;
-      const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
-                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
-                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
-                                     poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
-      const size_t smem = x_vec_ok ? 0 : row_edge_smem(row, kPacks, 1);
-      const int64_t grid = row_grid(kernel, row, smem, rows.M);
-      kernel<<<static_cast<unsigned>(grid), row.threads, smem, stream>>>(
-          x_ptr, rows.row_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
-          param_ref(bias), mul, rows.M, rows.H, eps, row.G);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-      return;
+      // PolyNorm's 2-byte builds come with 2, 4 or 8 packs a thread (bench tuning, _tune_rows).
+      auto launch = [&](auto packs) {
+        launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
+            lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
+            param_ref(bias), mul, rows.M, rows.H, eps, stream);
+      };
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});
+        if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
+      }
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      return launch(std::integral_constant<int, kPacks>{});
     }
     const StagedPlan& plan = lp.staged;
     if (lp.kind == KernelKind::kStaged) {
@@ -1655,7 +1715,6 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       mul.bias = param_ref(*bias);
     }
     const LaunchPlan lp = plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok);
-    const RowPlan& row = lp.row;
     const StagedPlan& plan = lp.staged;
     const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
     at::Tensor partials;  // O(M) at most: one [4] entry per block
@@ -1666,18 +1725,18 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
                                grad_bias.mutable_data_ptr<acc_t>()};
     };
     if (lp.kind == KernelKind::kRow) {
-      const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
-      const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
-                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
-                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
-                                     poly_norm_bwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
-      const size_t smem = (x_vec_ok && g_vec_ok) ? 0 : row_edge_smem(row, kPacks, 2);
-      blocks = row_grid(kernel, row, smem, x_rows.M);
-      partials = at::empty({blocks, 4}, acc_like.options());
-      kernel<<<static_cast<unsigned>(blocks), row.threads, smem, stream>>>(
-          g_ptr, g_rows.row_stride, !g_vec_ok, x_ptr, x_rows.row_stride, !x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
-          param_ref(weight), dx_ptr, !dx_vec_ok, param_grads(), mul, x_rows.M, x_rows.H, row.G);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      auto launch = [&](auto packs) {
+        launch_backward_row<scalar_t, decltype(packs)::value, kMul>(
+            lp, g_vec_ok, x_vec_ok, dx_vec_ok, g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride,
+            rstd_c.const_data_ptr<acc_t>(), param_ref(weight), dx_ptr, ParamGrads<acc_t>{nullptr, arrivals,
+            grad_weight.mutable_data_ptr<acc_t>(), grad_bias.mutable_data_ptr<acc_t>()}, partials, acc_like, mul,
+            x_rows.M, x_rows.H, stream);
+      };
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});
+      }
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      launch(std::integral_constant<int, kPacks>{});
     } else if (lp.kind == KernelKind::kStaged) {
       const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
       blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);

@@ -176,8 +176,9 @@ def autograd_reference(x, g, w, b, eps, compute_dtype):
 def run_backend(backend: str, x, g, w, b, eps):
     """y, dx, dw, db from a polynorm backend through the public API (autograd included),
     every buffer allocated on the way filled with NaN first (:func:`poisoned_outputs`), so an
-    unwritten output element fails the oracle check."""
-    x_ = x.detach().clone().requires_grad_(True) if x.is_contiguous() else _same_layout_leaf(x)
+    unwritten output element fails the oracle check. x reaches the kernels in its own layout,
+    storage offset (so alignment) included."""
+    x_ = _same_layout_leaf(x)
     w_ = w.detach().clone().requires_grad_(True)
     b_ = b.detach().clone().requires_grad_(True)
     with poisoned_outputs():
@@ -187,11 +188,13 @@ def run_backend(backend: str, x, g, w, b, eps):
 
 
 def _same_layout_leaf(x):
-    """A leaf that requires grad and keeps x's strides (so the kernels see the layout)."""
+    """A leaf that requires grad and keeps x's strides and storage offset (so the kernels see
+    the layout, a row start off a 16-byte boundary included)."""
     base = x.detach()
-    leaf = torch.empty_strided(base.size(), base.stride(), dtype=base.dtype, device=base.device)
+    storage = torch.empty(base.untyped_storage().nbytes() // base.element_size(), dtype=base.dtype, device=base.device)
+    leaf = storage.as_strided(base.size(), base.stride(), base.storage_offset())
     leaf.copy_(base)
-    return leaf.requires_grad_(True)
+    return leaf.detach().requires_grad_(True)
 
 
 def check_against_oracle(out: Grads, x, g, w, b, eps, what: str = ""):
@@ -251,7 +254,7 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     which cannot be copied into, so the leaf is then t's own detached view."""
     if any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape)):
         return t.detach().requires_grad_(True)
-    return t.detach().clone().requires_grad_(True) if t.is_contiguous() else _same_layout_leaf(t)
+    return _same_layout_leaf(t)
 
 
 def autograd_reference_mul(x, mul, g, w, b, eps, compute_dtype) -> MulGrads:

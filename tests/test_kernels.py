@@ -182,3 +182,31 @@ def test_cuda_graph_capture(dtype):
     for a, e in ((y, y_e), (rstd, rstd_e), (dx, dx_e), (dw, dw_e), (db, db_e)):
         assert torch.equal(a, e)
     check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what="after graph")
+
+
+@pytest.mark.parametrize("device,backend", KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("H", [64, 3000, 4096, 4097, 5125, 16385])
+@pytest.mark.parametrize("shift", [1, 3, "strided"])
+def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift):
+    # The same rows, once 16-byte aligned and once starting `shift` elements into a buffer
+    # (or `strided`: rows H + 3 elements apart, each starting at another offset): the
+    # kernels realign what they load, so y, dx, dw and db are bitwise the same.
+    gen = torch.Generator().manual_seed(seed_for("misaligned-bits", device, dtype, H, shift))
+    M = 67 if device == "cuda" else 5
+    x = make_rows(M, H, dtype, device, "contiguous", gen)
+    g = make_rows(M, H, dtype, device, "contiguous", gen)
+    w, b = make_params(torch.float32, device, gen)
+    if shift == "strided":
+        buf = torch.empty(M, H + 3, dtype=dtype, device=device)
+        x_mis, g_mis = buf[:, 1 : H + 1], torch.empty_like(buf)[:, 2 : H + 2]
+    else:
+        x_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)
+        g_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)
+    x_mis.copy_(x)
+    g_mis.copy_(g)
+    assert x_mis.data_ptr() % 16 != 0
+    aligned = run_backend(backend, x, g, w, b, 1e-6)
+    moved = run_backend(backend, x_mis, g_mis, w, b, 1e-6)
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(getattr(aligned, name), getattr(moved, name)), name

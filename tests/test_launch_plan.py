@@ -43,8 +43,12 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
         f = fields(text)
         packs = -(-H * elem // 16)
         G = f["G"]
-        assert G & (G - 1) == 0 and G * f["packs"] >= packs, (H, text)  # covers the row
-        assert G == 1 or (G // 2) * f["packs"] < packs, (H, text)  # and is the smallest such power of two
+        need = -(-packs // f["packs"])  # threads that cover the row
+        assert G >= need, (H, text)
+        if need <= 128:  # the smallest power of two: several rows a warp or a block
+            assert G & (G - 1) == 0 and (G == 1 or G // 2 < need), (H, text)
+        else:  # the smallest multiple of 32: one row a block
+            assert G % 32 == 0 and G - 32 < need, (H, text)
         assert f["threads"] == max(G, 128)
     longer = plan(op, limit + 1, dtype)
     assert not longer.startswith("row "), (op, dtype, longer)
@@ -129,3 +133,22 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
     again = run_backend("cuda", x, g, w, b, 1e-6)
     for name in ("y", "dx", "dw", "db"):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
+    tune = torch.ops.polynorm._tune_rows
+    default = fields(plan("forward", 4096, torch.bfloat16))
+    try:
+        tune(4, 2, 0)
+        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
+        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == 2 * default["G"]
+        assert fields(plan("backward", 4096, torch.float16))["packs"] == 2
+        assert fields(plan("forward", 4096, torch.float32))["packs"] == 8  # no other build
+        assert fields(plan("mul_forward", 4096, torch.bfloat16))["packs"] == 4
+        assert fields(plan("mul_backward", 4096, torch.bfloat16))["packs"] == 2
+    finally:
+        tune(0, 0, 1)
+    assert fields(plan("forward", 4096, torch.bfloat16)) == default
+    for args, name in [((3, 0, 1), "fwd_packs"), ((0, 8, 1), "bwd_packs"), ((0, 0, -1), "grid_waves")]:
+        with pytest.raises(ValueError, match=f"polynorm._tune_rows: expected .*{name}"):
+            tune(*args)
