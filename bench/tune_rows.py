@@ -1,8 +1,10 @@
 """The row kernels' tunings side by side, kernel-only, on a CUDA device (issue 13).
 
-``torch.ops.polynorm._tune_rows(fwd_packs, bwd_packs, grid_waves)`` picks the packs a thread
-of PolyNorm's 2-byte row kernels (forward 2, 4 or 8; backward 2 or 4) and the forward's grid
-(1: persistent, as many blocks as fit once; 2: twice that; 0: a block per R rows). This script
+``torch.ops.polynorm._tune_rows(fwd_packs, bwd_packs, grid_waves, prefetch, same_phase)`` picks
+the packs a thread of PolyNorm's 2-byte row kernels (forward 2, 4 or 8; backward 2 or 4), the
+forward's grid (1: persistent, as many blocks as fit once; 0: a block per R rows), the
+forward's prefetch of the next row (``p``), and whether odd-H rows take the same-phase path
+(``sp0``: without it, default packs). This script
 times ``torch.ops.polynorm.forward``/``backward`` under each at M·H = 2^26 (bf16 by default) as
 ratios to a same-size copy (forward) and add (backward) timed in the same run (medians of
 ``triton.testing.do_bench``), on aligned rows, on odd H, and on a view that starts one element
@@ -21,7 +23,7 @@ import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm.reference import poly_norm as reference
 
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
-FWD = [(8, 1), (8, 0), (8, 2), (4, 1), (4, 0), (2, 0)]  # (packs, grid waves)
+FWD = [(8, 1, False), (8, 0, False), (4, 1, False), (4, 1, True), (2, 1, True)]  # (packs, grid waves, prefetch)
 BWD = [4, 2]
 
 
@@ -47,8 +49,8 @@ def main() -> None:
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
-    fwd_cols = [f"f{p}w{w}" for p, w in FWD]
-    bwd_cols = [f"b{p}" for p in BWD]
+    fwd_cols = [f"f{p}w{w}" + ("p" if pre else "") for p, w, pre in FWD]
+    bwd_cols = [f"b{p}" for p in BWD] + ["f-sp0", "b-sp0"]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, M*H = {args.elements}; "
           "forward / copy (f<packs>w<grid waves>) and backward / add (b<packs>), same run, medians of do_bench; "
           "err: worst error of any variant over the half-ulp floor")
@@ -67,8 +69,8 @@ def main() -> None:
                 t_copy = bench(lambda: out.copy_(x))
                 t_add = bench(lambda: torch.add(x, g, out=out))
                 cells, err = [], 0.0
-                for packs, waves in FWD:
-                    torch.ops.polynorm._tune_rows(packs, 0, waves)
+                for packs, waves, prefetch in FWD:
+                    torch.ops.polynorm._tune_rows(packs, 0, waves, prefetch)
                     y, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                     err = max(err, worst_error(y, x, weight, bias))
                     cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
@@ -84,6 +86,21 @@ def main() -> None:
                         rel = float(((dx.float() - ref_dx.float()).abs().max()) / ref_dx.float().abs().max())
                         err = max(err, rel / (torch.finfo(dtype).eps / 2))
                     cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
+                # Default packs without the same-phase path (odd H only: elsewhere it is not taken).
+                torch.ops.polynorm._tune_rows(0, 0, 1, False, False)
+                if H % 8:
+                    y0, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
+                    dx0 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
+                    torch.ops.polynorm._tune_rows(0, 0, 1)
+                    y1, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
+                    dx1 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
+                    if not (torch.equal(y0, y1) and torch.equal(dx0, dx1)):
+                        err = float("inf")  # the same-phase path must give the other path's bits
+                    torch.ops.polynorm._tune_rows(0, 0, 1, False, False)
+                    cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
+                    cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
+                else:
+                    cells += ["-", "-"]
                 torch.ops.polynorm._tune_rows(0, 0, 1)
                 print(f"| {H} | {name} | {t_copy * 1e3:.1f} | {t_add * 1e3:.1f} | " + " | ".join(cells)
                       + f" | {err:.2f} |", flush=True)

@@ -48,6 +48,8 @@ struct RowTuning {
   int fwd_packs;
   int bwd_packs;
   int grid_waves;
+  bool prefetch;    // forward, aligned 2-byte rows: the next row's loads in flight (kPrefetch)
+  bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
 };
 RowTuning row_tuning();
 
@@ -99,28 +101,32 @@ struct LaunchPlan {
 };
 
 // G threads a row, the fewest with G * packs_per_thread >= the row's packs, so the row is
-// read once: a power of two up to 128 (several rows a warp or a block), then a multiple of
-// 32 (one row a block of G threads: H = 16385 bf16 takes 288 threads, not 512). Blocks of
-// max(G, 128) threads (128-thread blocks keep up to 16 blocks an SM resident when rows are
-// short). Not ok past kRowMaxThreads threads a row.
+// read once: a power of two up to 32 (several rows a warp), then a multiple of 32 (H = 5125
+// bf16 forward takes 96 threads, 16385 takes 288: not 128 and 512). Blocks of R = 128 / G
+// rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
+// are short), else of one row. Not ok past kRowMaxThreads threads a row.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
   const int64_t packs = (H * elem_size + 15) / 16;
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
-  while (G < need && G < kRowMinThreads) G *= 2;
+  while (G < need && G < 32) G *= 2;
   if (G < need) G = (need + 31) / 32 * 32;
   if (G > kRowMaxThreads) return {false, 0, 0};
-  return {true, static_cast<int>(G), static_cast<int>(std::max<int64_t>(G, kRowMinThreads))};
+  const int64_t rows = G < kRowMinThreads && kRowMinThreads % G == 0 ? kRowMinThreads / G : 1;
+  return {true, static_cast<int>(G), static_cast<int>(rows * G)};
 }
 
 // Packs a thread of the row kernels for one op and element size (the tuning applies to
 // PolyNorm's own 2-byte builds, the only ones built with other counts).
-inline int row_packs(bool backward, bool mul, int elem_size) {
+inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   if (mul) return backward ? kRowMulBwdPacks : kRowMulFwdPacks;
   const RowTuning t = row_tuning();
   const int tuned = backward ? t.bwd_packs : t.fwd_packs;
   if (elem_size == 2 && tuned > 0) return tuned;
-  return backward ? kRowBwdPacks : kRowFwdPacks;
+  if (backward) return kRowBwdPacks;
+  // 2-byte rows of up to 8 KB: 4 packs a thread (twice the threads a row, fewer registers,
+  // more rows in flight) measured 5-10% faster than 8 (bench/NOTES.md, 2026-11-30c).
+  return elem_size == 2 && H * elem_size <= 8192 ? 4 : kRowFwdPacks;
 }
 
 // R rows per stage: the most (a power of two, <= 256) whose inputs stay within
@@ -161,7 +167,7 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned,
                               int64_t smem_limit, KernelKind forced = KernelKind::kAuto) {
   LaunchPlan plan{};
-  plan.packs = row_packs(backward, mul, elem_size);
+  plan.packs = row_packs(backward, mul, H, elem_size);
   plan.row = row_plan(H, elem_size, plan.packs);
   plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);

@@ -278,7 +278,7 @@ struct MulArgs {
 };
 
 // Called by every thread of a block right after its threads have written the block's
-// partial (`tid`: the thread's index in the block, which has at least 128 threads). The
+// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32). The
 // last block to arrive sums the partials in block order: warp k sums column k (lane l
 // takes blocks l, l + 32, ...; then a fixed xor tree), so the bits do not depend on which
 // block is last, and there are no atomics on the values: the same bits on every run. This
@@ -287,7 +287,7 @@ struct MulArgs {
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
 template <typename acc_t>
-__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid) {
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
   __shared__ bool last;
   __threadfence();  // this block's partial is visible to all blocks before it is counted
   __syncthreads();
@@ -298,9 +298,9 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
   __syncthreads();
   if (!last) return;
   __threadfence();  // every other block's partial is visible to this one
-  if (tid < 128) {
-    const int col = tid / 32;
-    const int lane = tid % 32;
+  // Warp k sums columns k, k + warps, ... (blocks of 96 threads: warp 0 takes column 3 too).
+  const int lane = tid % 32;
+  for (int col = tid / 32; col < 4; col += threads / 32) {
     acc_t total = acc_t(0);
     for (int64_t b = lane; b < gridDim.x; b += 32) total += __ldcg(pg.partials + b * 4 + col);
     for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
@@ -556,7 +556,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
     param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
   }
-  finish_param_grads(param_grads, tid);
+  finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
   if (!active) return;  // no barrier below
 
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
@@ -995,7 +995,7 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
     for (int r = 1; r < R; ++r) total += group_part[r][threadIdx.x];
     param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
-  finish_param_grads(param_grads, threadIdx.x);
+  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
 }
 
 // ----------------------------------------------------------------------------------
@@ -1196,6 +1196,52 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
 }
 
+// Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
+// as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as
+// loaded, and only the sums see realigned packs, one at a time (realigned_pack), so that
+// their order, and so the bits, are those of the aligned row. The stores then write
+// whole aligned chunks, narrowly only at the row's two ends (store_own_chunk).
+template <int kPacks>
+__device__ __forceinline__ Pack realigned_pack(const Pack (&buf)[kPacks], const Pack& ext, int i, int shift,
+                                               const RowLane& rl) {
+  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+  const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+  Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+  if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+  return realign_any(buf[i], next, shift);
+}
+
+// Pack p with what lies past the row (packs past the end, the tail of a partial last
+// pack) zeroed.
+template <typename scalar_t>
+__device__ __forceinline__ Pack mask_pack(Pack v, int p, int64_t H) {
+  using P = PackOf<scalar_t>;
+  const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+  if (p >= packs) return make_uint4(0u, 0u, 0u, 0u);
+  if (p == packs - 1) {
+    const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
+#pragma unroll
+    for (int e = 1; e < P::kVec; ++e) {
+      if (e >= valid) P::set(v, e, typename P::raw_t(0));
+    }
+  }
+  return v;
+}
+
+// Writes chunk p of a same-phase row: bytes [shift, 16) of the first chunk, [0, end - 16 p)
+// of the last, the whole chunk in between. `dst`: the row's first chunk; `end`: the row's
+// end in bytes from it.
+template <typename scalar_t>
+__device__ __forceinline__ void store_own_chunk(Pack* dst, int p, const Pack& v, int shift, int end) {
+  const int lo = p == 0 ? shift : 0;
+  const int hi = min(16, end - 16 * p);
+  if (lo == 0 && hi == 16) {
+    dst[p] = v;
+  } else {
+    store_chunk_part<scalar_t>(dst + p, v, lo, hi);
+  }
+}
+
 // Sums N values over the G lanes of each row group; every lane gets the total. Inside
 // a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
 // double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
@@ -1225,13 +1271,17 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 }
 
 // Forward, row kernel. blockDim.x = R * G.
-template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPacks)) poly_norm_fwd_row_kernel(
+// kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
+// row is reduced and stored, into a second set of registers.
+template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul, bool kPrefetch = false>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
+    poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
     bool x_realign_arg,                            // some x rows are not 16-byte aligned
     scalar_t* __restrict__ y,                      // [M, H] contiguous
     bool y_realign_arg,                            // y rows are not all aligned, or H % VEC != 0
+    bool same_phase_arg,                           // x, y (and mul) rows start alike in their chunks
     at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
     ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
     ParamRef bias,                                 // (1,) any float dtype
@@ -1247,44 +1297,69 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   // compiler then drops the realignment code and its registers.
   const bool x_realign = kRealign && x_realign_arg;
   const bool y_realign = kRealign && y_realign_arg;
+  const bool same_phase = kRealign && same_phase_arg;
 
   const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
+  const bool last_segment = rl.lane / rl.W + 1 == G / rl.W;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
   const acc_t e = static_cast<acc_t>(eps);
 
+  static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
+  const int64_t step = int64_t(gridDim.x) * R;
+  Pack ahead[kPrefetch ? kPacks : 1];
+  Pack ext;
+  if constexpr (kPrefetch) {
+    const int64_t row = int64_t(blockIdx.x) * R + group;
+    issue_row<scalar_t, kPacks>(ahead, ext, x + (row < M ? row : 0) * x_row_stride, H, rl, false);
+  }
   int parity = 0;
-  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
     Pack buf[kPacks];
-    Pack ext;
-    issue_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
+      const int64_t next = row + step;
+      issue_row<scalar_t, kPacks>(ahead, ext, x + (next < M ? next : 0) * x_row_stride, H, rl, false);
+    } else {
+      issue_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign || same_phase);
+    }
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
+    // Same phase: mul's chunks as loaded, like x's.
     Pack mb[kMul ? kPacks : 1] = {};
+    Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
-      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+      if (same_phase) {
+        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+      } else {
+        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        const int p = rl.base + i * rl.W;
-        mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
     }
-    finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    if (!same_phase) finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
 
-    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, buf holds zeros
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
+      const Pack in = same_phase ? mask_pack<scalar_t>(realigned_pack(buf, ext, i, shift, rl), rl.base + i * rl.W, H)
+                                 : buf[i];
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
-        const acc_t v = P::value(buf[i], k);
+        const acc_t v = P::value(in, k);
         const acc_t v2 = v * v;
         s[0] += v2;
         s[1] += v2 * v2;
@@ -1303,19 +1378,38 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
       rstd[row * 3 + 2] = r1;
     }
     const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(buf[i]);
-      const Pack in = buf[i];
-      const Pack m = mb[kMul ? i : 0];
-      buf[i] = P::make([&](int k) {
+    const auto output = [&](const Pack& in, const Pack& m) {
+      return P::make([&](int k) {
         const acc_t v = P::value(in, k);
         const acc_t yv = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
         if constexpr (kMul) return yv * P::value(m, k);
         return yv;
       });
+    };
+    scalar_t* y_row = y + (active ? row : 0) * H;
+    if (same_phase) {
+      // Chunk p of y from chunk p of x (and mul); the chunk after the last segment, held in
+      // ext by its last lane only, when the row reaches into it.
+      Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(y_row) - shift);
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      const int chunks = (end + 15) / 16;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(buf[i]);
+        const int p = rl.base + i * rl.W;
+        if (active && p < chunks) store_own_chunk<scalar_t>(dst, p, output(buf[i], mb[kMul ? i : 0]), shift, end);
+      }
+      if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
+        store_own_chunk<scalar_t>(dst, rl.seg_end, output(ext, m_ext), shift, end);
+      }
+      continue;
     }
-    store_row<scalar_t, kPacks>(y + (active ? row : 0) * H, buf, H, rl, y_realign, active);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(buf[i]);
+      buf[i] = output(buf[i], mb[kMul ? i : 0]);
+    }
+    store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
   }
 }
 
@@ -1333,6 +1427,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_realign_arg,
+    bool same_phase_arg,                                 // every tensor's rows start alike in their chunks
     ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
     int64_t M,
@@ -1345,10 +1440,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const bool x_realign = kRealign && x_realign_arg;  // as in forward
   const bool g_realign = kRealign && g_realign_arg;
   const bool dx_realign = kRealign && dx_realign_arg;
+  const bool same_phase = kRealign && same_phase_arg;
 
   const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
+  const bool last_segment = rl.lane / rl.W + 1 == G / rl.W;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2);
@@ -1372,34 +1469,49 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     Pack xb[kPacks];
     Pack gb[kPacks];
     Pack x_ext, g_ext;
-    issue_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign);
-    issue_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign);
+    issue_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
+    Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + r * mul.row_stride;
-      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+      if (same_phase) {
+        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+      } else {
+        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        const int p = rl.base + i * rl.W;
-        mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        }
       }
     }
     auto grad_of = [&](const Pack& gp, const Pack& mp, int k) {
       if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
       return P::value(gp, k);
     };
-    finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
-    finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    if (!same_phase) {
+      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
+      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
+    }
 
-    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, xb and gb hold zeros
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.base + i * rl.W;
+      const Pack xi = same_phase ? mask_pack<scalar_t>(realigned_pack(xb, x_ext, i, shift, rl), p, H) : xb[i];
+      const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
+      Pack mi = mb[kMul ? i : 0];
+      if constexpr (kMul) {
+        if (same_phase) mi = realigned_pack(mb, m_ext, i, shift, rl);
+      }
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
-        const acc_t v = P::value(xb[i], k);
-        const acc_t g = grad_of(gb[i], mb[kMul ? i : 0], k);
+        const acc_t v = P::value(xi, k);
+        const acc_t g = grad_of(gi, mi, k);
         const acc_t gx = g * v;
         s[0] += gx;
         s[1] += gx * v;
@@ -1424,23 +1536,48 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
     // goes to gb (grad_out's registers), x's become dx.
     const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(xb[i]);
-      keep_raw(gb[i]);
-      const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
-      xb[i] = P::make([&](int k) {
+    const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
+      return P::make([&](int k) {
         const acc_t v = P::value(xp, k);
         const acc_t g = grad_of(gp, mp, k);
         const acc_t v2 = v * v;
         return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
       });
-      if constexpr (kMul) {
-        gb[i] = P::make([&](int k) {
-          const acc_t v = P::value(xp, k);
-          return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
-        });
+    };
+    const auto grad_mul_of = [&](const Pack& xp, const Pack& gp) {
+      return P::make([&](int k) {
+        const acc_t v = P::value(xp, k);
+        return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
+      });
+    };
+    if (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      const int chunks = (end + 15) / 16;
+      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(grad_x + r * H) - shift);
+      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(mul.grad_mul + r * H) - shift) : nullptr;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        const int p = rl.base + i * rl.W;
+        if (active && p < chunks) {
+          store_own_chunk<scalar_t>(dx_dst, p, dx_of(xb[i], gb[i], mb[kMul ? i : 0]), shift, end);
+          if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, p, grad_mul_of(xb[i], gb[i]), shift, end);
+        }
       }
+      if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
+        store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), shift, end);
+        if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), shift, end);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(xb[i]);
+      keep_raw(gb[i]);
+      const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
+      xb[i] = dx_of(xp, gp, mp);
+      if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
     }
     store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
     if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kRealign && !mul.grad_vec_ok, active);
@@ -1457,7 +1594,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
     param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
-  finish_param_grads(param_grads, threadIdx.x);
+  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -1481,8 +1618,8 @@ int64_t dynamic_smem_limit() {
 // or a forced staged kernel.
 LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
   const KernelKind forced = forced_kernel();
-  const int packs = backward ? (mul ? kRowMulBwdPacks : kRowBwdPacks) : (mul ? kRowMulFwdPacks : kRowFwdPacks);
-  const bool staged_possible = !mul && (forced == KernelKind::kStaged || !row_plan(H, elem_size, packs).ok);
+  const bool staged_possible =
+      !mul && (forced == KernelKind::kStaged || !row_plan(H, elem_size, row_packs(backward, mul, H, elem_size)).ok);
   return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced);
 }
 
@@ -1534,6 +1671,15 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
   return blocks;
 }
 
+// Whether rows of a and b (row strides in elements) start at the same offset into their
+// 16-byte chunks, row for row: the row kernels' same-phase path (realigned_pack).
+template <typename scalar_t>
+bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
+  const int64_t size = sizeof(scalar_t);
+  return reinterpret_cast<uintptr_t>(a) % 16 == reinterpret_cast<uintptr_t>(b) % 16 &&
+         (a_stride * size) % 16 == (b_stride * size) % 16;
+}
+
 // `waves`: at most this many blocks per resident slot (1: a persistent grid); 0: a block
 // per R rows, scheduled by the hardware.
 template <typename Kernel>
@@ -1550,13 +1696,23 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                         const MulArgs<scalar_t>& mul, int64_t M, int64_t H, double eps, cudaStream_t stream) {
   const RowPlan& row = lp.row;
   const bool realign = !x_vec_ok || !y_vec_ok;
-  const auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
-                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
-                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
-                                 poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+  auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
+                           poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
+                           poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
+                           poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
+  if constexpr (!kMul && sizeof(scalar_t) == 2) {
+    if (row_tuning().prefetch && !realign) {
+      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, false, true>
+                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, false, true>;
+    }
+  }
   const int64_t grid = row_grid(kernel, row, M, row_tuning().grid_waves);
-  kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                                                                 weight, bias, mul, M, H, eps, row.G);
+  const int64_t y_stride = H;
+  bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, y_stride);
+  if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
+  kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok,
+                                                                 same_phase, rstd, weight, bias, mul, M, H, eps,
+                                                                 row.G);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1574,10 +1730,17 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                                  poly_norm_bwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
                                  poly_norm_bwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
   const int64_t blocks = row_grid(kernel, row, M);
+  bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
+                    same_phase_rows(x_ptr, x_stride, dx_ptr, H);
+  if constexpr (kMul) {
+    same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride) &&
+                 same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
+  }
   partials = at::empty({blocks, 4}, acc_like.options());
   pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   kernel<<<static_cast<unsigned>(blocks), row.threads, 0, stream>>>(g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride,
-                                                                   !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok, pg,
+                                                                   !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok,
+                                                                   same_phase, pg,
                                                                    mul, M, H, row.G);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

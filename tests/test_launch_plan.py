@@ -45,11 +45,12 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
         G = f["G"]
         need = -(-packs // f["packs"])  # threads that cover the row
         assert G >= need, (H, text)
-        if need <= 128:  # the smallest power of two: several rows a warp or a block
+        if need <= 32:  # the smallest power of two: several rows a warp
             assert G & (G - 1) == 0 and (G == 1 or G // 2 < need), (H, text)
-        else:  # the smallest multiple of 32: one row a block
+        else:  # the smallest multiple of 32
             assert G % 32 == 0 and G - 32 < need, (H, text)
-        assert f["threads"] == max(G, 128)
+        # 128-thread blocks of several rows where G divides 128, else one row a block
+        assert f["threads"] == (128 if 128 % G == 0 else G), (H, text)
     longer = plan(op, limit + 1, dtype)
     assert not longer.startswith("row "), (op, dtype, longer)
     if op.startswith("mul_"):
@@ -135,13 +136,21 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
 
 
+def test_forward_packs_by_row_size():
+    # 2-byte rows of up to 8 KB: 4 packs a thread; longer rows and other dtypes: 8.
+    assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
+    assert fields(plan("forward", 4104, torch.float16))["packs"] == 8
+    assert fields(plan("forward", 2048, torch.float32))["packs"] == 8
+    assert fields(plan("backward", 512, torch.bfloat16))["packs"] == 4
+
+
 def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
     tune = torch.ops.polynorm._tune_rows
     default = fields(plan("forward", 4096, torch.bfloat16))
     try:
-        tune(4, 2, 0)
-        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
-        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == 2 * default["G"]
+        tune(8, 2, 0, True)
+        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 8
+        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == default["G"] // 2
         assert fields(plan("backward", 4096, torch.float16))["packs"] == 2
         assert fields(plan("forward", 4096, torch.float32))["packs"] == 8  # no other build
         assert fields(plan("mul_forward", 4096, torch.bfloat16))["packs"] == 4
