@@ -74,11 +74,11 @@ def main() -> None:
                     y, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                     err = max(err, worst_error(y, x, weight, bias))
                     cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
-                torch.ops.polynorm._tune_rows(0, 0, 1)
+                torch.ops.polynorm._tune_rows()
                 _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                 ref_dx = None
                 for packs in BWD:
-                    torch.ops.polynorm._tune_rows(0, packs, 1)
+                    torch.ops.polynorm._tune_rows(0, packs)
                     dx, dw, db = torch.ops.polynorm.backward(g, x, weight, rstd)
                     if ref_dx is None:
                         ref_dx = dx
@@ -87,25 +87,25 @@ def main() -> None:
                         err = max(err, rel / (torch.finfo(dtype).eps / 2))
                     cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
                 # Default packs without the same-phase path (odd H only: elsewhere it is not taken).
-                torch.ops.polynorm._tune_rows(0, 0, 1, False, False)
+                torch.ops.polynorm._tune_rows(0, 0, -1, True, False)
                 if H % 8:
                     y0, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                     dx0 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
-                    torch.ops.polynorm._tune_rows(0, 0, 1)
+                    torch.ops.polynorm._tune_rows()
                     y1, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                     dx1 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
                     if not (torch.equal(y0, y1) and torch.equal(dx0, dx1)):
                         err = float("inf")  # the same-phase path must give the other path's bits
-                    torch.ops.polynorm._tune_rows(0, 0, 1, False, False)
+                    torch.ops.polynorm._tune_rows(0, 0, -1, True, False)
                     cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
                     cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
                 else:
                     cells += ["-", "-"]
-                torch.ops.polynorm._tune_rows(0, 0, 1)
+                torch.ops.polynorm._tune_rows()
                 print(f"| {H} | {name} | {t_copy * 1e3:.1f} | {t_add * 1e3:.1f} | " + " | ".join(cells)
                       + f" | {err:.2f} |", flush=True)
     finally:
-        torch.ops.polynorm._tune_rows(0, 0, 1)
+        torch.ops.polynorm._tune_rows()
 
 
 if __name__ == "__main__":

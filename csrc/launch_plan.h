@@ -41,9 +41,10 @@ constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G row
 constexpr int kRowMaxThreads = 1024;
 
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread for
-// PolyNorm's forward and backward (bf16 and fp16 only; 0 = the constants above), and the
+// PolyNorm's forward and backward (bf16 and fp16 only; 0 = the table's), and the forward's
 // grid: 0 = one block per R rows (the hardware schedules them), k > 0 = at most k blocks per
-// resident slot, each walking rows k * slots apart. Defined in polynorm.cpp.
+// resident slot, each walking rows k * slots apart, -1 = the table's (launch_forward_row).
+// Defined in polynorm.cpp.
 struct RowTuning {
   int fwd_packs;
   int bwd_packs;

@@ -184,20 +184,21 @@ void force_kernel(const std::string& kind) { g_forced_kernel.store(static_cast<i
 
 std::atomic<int> g_fwd_packs{0};
 std::atomic<int> g_bwd_packs{0};
-std::atomic<int> g_grid_waves{1};
-std::atomic<bool> g_prefetch{false};
+std::atomic<int> g_grid_waves{-1};
+std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
 
 // Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 2, 4 or 8;
-// backward: 2 or 4; 0 = the default) and grid (0 = a block per R rows, k > 0 = at most k
-// blocks per resident slot), the forward's prefetch of the next row (aligned rows) and the
-// same-phase path of misaligned rows. Process-wide; _tune_rows(0, 0, 1) restores the defaults.
+// backward: 2 or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
+// at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
+// row (aligned 2-byte rows of 4 packs a thread) and the same-phase path of misaligned rows.
+// Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase) {
   TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 2 || fwd_packs == 4 || fwd_packs == 8,
                     "polynorm._tune_rows: expected fwd_packs to be 0, 2, 4 or 8, got ", num(fwd_packs));
   TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
                     "polynorm._tune_rows: expected bwd_packs to be 0, 2 or 4, got ", num(bwd_packs));
-  TORCH_CHECK_VALUE(grid_waves >= 0 && grid_waves <= 64, "polynorm._tune_rows: expected 0 <= grid_waves <= 64, got ",
+  TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   g_fwd_packs.store(static_cast<int>(fwd_packs));
   g_bwd_packs.store(static_cast<int>(bwd_packs));
@@ -284,7 +285,7 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
-  m.def("_tune_rows(int fwd_packs, int bwd_packs, int grid_waves, bool prefetch=False, bool same_phase=True) -> ()", &polynorm::tune_rows);
+  m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True) -> ()", &polynorm::tune_rows);
   // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872) -> str",
         &polynorm::launch_plan_op);

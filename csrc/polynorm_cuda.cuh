@@ -1196,6 +1196,9 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
 }
 
+// The row kernels' builds by layout (the kLayout template argument).
+enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
+
 // Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
 // as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as
 // loaded, and only the sums see realigned packs, one at a time (realigned_pack), so that
@@ -1273,7 +1276,7 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // Forward, row kernel. blockDim.x = R * G.
 // kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
 // row is reduced and stored, into a second set of registers.
-template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul, bool kPrefetch = false>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kPrefetch = false>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
@@ -1293,11 +1296,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
-  // kRealign = false: every row aligned, H a multiple of the pack width; the
-  // compiler then drops the realignment code and its registers.
-  const bool x_realign = kRealign && x_realign_arg;
-  const bool y_realign = kRealign && y_realign_arg;
-  const bool same_phase = kRealign && same_phase_arg;
+  // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
+  // (no realignment code, no registers for it); kRealigned, rows realigned on load and
+  // store; kSamePhase, rows that start alike in every tensor (realigned_pack).
+  constexpr bool kRealign = kLayout != kAligned;
+  const bool x_realign = kLayout == kRealigned && x_realign_arg;
+  const bool y_realign = kLayout == kRealigned && y_realign_arg;
+  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
 
   const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
@@ -1415,7 +1420,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-template <typename scalar_t, int kPacks, bool kRealign, int kMaxThreads, bool kMul>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, 2 * kPacks)) poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
@@ -1437,10 +1442,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
-  const bool x_realign = kRealign && x_realign_arg;  // as in forward
-  const bool g_realign = kRealign && g_realign_arg;
-  const bool dx_realign = kRealign && dx_realign_arg;
-  const bool same_phase = kRealign && same_phase_arg;
+  constexpr bool kRealign = kLayout != kAligned;  // as in forward
+  const bool x_realign = kLayout == kRealigned && x_realign_arg;
+  const bool g_realign = kLayout == kRealigned && g_realign_arg;
+  const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
+  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
 
   const RowLane rl = row_lane<kPacks>(G);
   const int R = blockDim.x / G;
@@ -1506,7 +1512,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
       const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
       Pack mi = mb[kMul ? i : 0];
       if constexpr (kMul) {
-        if (same_phase) mi = realigned_pack(mb, m_ext, i, shift, rl);
+        if (same_phase) mi = mask_pack<scalar_t>(realigned_pack(mb, m_ext, i, shift, rl), p, H);
       }
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
@@ -1580,7 +1586,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
       if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
     }
     store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
-    if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kRealign && !mul.grad_vec_ok, active);
+    if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
   }
 
   // The block's partial: its groups in order (each group's rows already in order).
@@ -1640,14 +1646,15 @@ int64_t persistent_grid(Kernel kernel, const StagedPlan& plan, int64_t stages) {
 // as many blocks as fit at once (their register use caps it, ~64 a thread under the
 // 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
-// Four builds of each row kernel: with or without the realignment code (misaligned
-// rows or odd H), and for blocks of up to 256 threads (free to use ~70-90 registers a
+// Six builds of each row kernel: by layout (RowLayout: aligned rows, realigned rows,
+// same-phase rows), and for blocks of up to 256 threads (free to use 64-80 registers a
 // thread) or up to 1024 (capped at 64, where a few values spill to local memory).
-template <typename Kernel>
-Kernel row_kernel(const RowPlan& plan, bool realign, Kernel small, Kernel small_realign, Kernel large,
-                  Kernel large_realign) {
-  if (plan.threads <= 256) return realign ? small_realign : small;
-  return realign ? large_realign : large;
+template <template <int, int> class Build>
+auto row_kernel(const RowPlan& plan, int layout) {
+  const bool small = plan.threads <= 256;
+  if (layout == kAligned) return small ? Build<kAligned, 256>::get() : Build<kAligned, kRowMaxThreads>::get();
+  if (layout == kRealigned) return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
+  return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
 }
 
 // The SM count and a kernel's resident blocks per SM, cached per device: querying them
@@ -1689,27 +1696,40 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, int waves = 1) {
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
 }
 
-// The row kernel's forward launch for kPacks packs a thread.
+// The row kernel's forward launch for kPacks packs a thread. The grid: persistent for
+// aligned rows of up to 256 threads, a block per R rows otherwise (measured 6-9% faster
+// for realigned and long rows, bench/NOTES.md v5); `_tune_rows` overrides it.
+template <typename scalar_t, int kPacks, bool kMul>
+struct FwdRowBuild {
+  template <int kLayout, int kMaxThreads>
+  struct Of {
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul>; }
+  };
+};
+
 template <typename scalar_t, int kPacks, bool kMul>
 void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
                         scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
                         const MulArgs<scalar_t>& mul, int64_t M, int64_t H, double eps, cudaStream_t stream) {
   const RowPlan& row = lp.row;
+  const RowTuning tuning = row_tuning();
   const bool realign = !x_vec_ok || !y_vec_ok;
-  auto kernel = row_kernel(row, realign, poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
-                           poly_norm_fwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
-                           poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
-                           poly_norm_fwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
-  if constexpr (!kMul && sizeof(scalar_t) == 2) {
-    if (row_tuning().prefetch && !realign) {
-      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, false, 256, false, true>
-                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, false, true>;
+  bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
+  if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
+  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  bool prefetch = false;
+  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
+    // 2-byte rows of 4 packs a thread: the next row's loads in flight while this one is
+    // reduced (measured 1-7% faster, bench/NOTES.md v5).
+    prefetch = layout == kAligned && tuning.prefetch;
+    if (prefetch) {
+      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, true>
+                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, true>;
     }
   }
-  const int64_t grid = row_grid(kernel, row, M, row_tuning().grid_waves);
-  const int64_t y_stride = H;
-  bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, y_stride);
-  if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (layout == kAligned && row.G < 512 ? 1 : 0);
+  const int64_t grid = row_grid(kernel, row, M, waves);
   kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok,
                                                                  same_phase, rstd, weight, bias, mul, M, H, eps,
                                                                  row.G);
@@ -1718,6 +1738,14 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials.
 template <typename scalar_t, int kPacks, bool kMul>
+struct BwdRowBuild {
+  template <int kLayout, int kMaxThreads>
+  struct Of {
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul>; }
+  };
+};
+
+template <typename scalar_t, int kPacks, bool kMul>
 void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
                          int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
                          const at::opmath_type<scalar_t>* rstd, ParamRef weight, scalar_t* dx_ptr,
@@ -1725,23 +1753,20 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                          const MulArgs<scalar_t>& mul, int64_t M, int64_t H, cudaStream_t stream) {
   const RowPlan& row = lp.row;
   const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
-  const auto kernel = row_kernel(row, realign, poly_norm_bwd_row_kernel<scalar_t, kPacks, false, 256, kMul>,
-                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, true, 256, kMul>,
-                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, false, kRowMaxThreads, kMul>,
-                                 poly_norm_bwd_row_kernel<scalar_t, kPacks, true, kRowMaxThreads, kMul>);
-  const int64_t blocks = row_grid(kernel, row, M);
   bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
                     same_phase_rows(x_ptr, x_stride, dx_ptr, H);
   if constexpr (kMul) {
     same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride) &&
                  same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
   }
+  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  const auto kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  const int64_t blocks = row_grid(kernel, row, M);
   partials = at::empty({blocks, 4}, acc_like.options());
   pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   kernel<<<static_cast<unsigned>(blocks), row.threads, 0, stream>>>(g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride,
                                                                    !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok,
-                                                                   same_phase, pg,
-                                                                   mul, M, H, row.G);
+                                                                   same_phase, pg, mul, M, H, row.G);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
