@@ -37,12 +37,16 @@ Tables, in order:
    so the library code runs unchanged. Each interval between consecutive timestamps is listed
    with the best round's median; the code between two helpers (allocations, mostly) shows as
    the interval between the first one's exit and the second one's entry. Then a summary by
-   part: engine hand-off in (engine entry to Function.backward entry: the device thread, the
-   GIL), our code, launches, engine hand-off out. The instrumented step's wall time beside
-   the plain step's shows what the timestamps cost.
+   part, for the Triton step and for the no-op Function's: the wrappers around the Function
+   (poly_norm, ``Function.apply``, ``torch.autograd.grad``'s Python), our code in the
+   Function's forward and backward, the launches, the engine hand-off in (engine entry to
+   Function.backward entry: the device thread, the GIL) and out (Function.backward's return
+   to the engine's), and freeing y with its graph. The instrumented step's wall time beside
+   the plain step's shows what the timestamps cost (about 0.5 us a stamped call); before the
+   timed rounds, the instrumented step's gradients must equal the plain step's bit for bit.
 4. A cProfile of ``--profile-steps`` plain Triton steps, the 25 functions of most own time.
 
-Run on a GPU (about 20 s on an H200, Triton compilation included)::
+Run on a GPU (under a minute on an H200, Triton compilation included)::
 
     python3 bench/triton_host.py                      # M=2048 H=1024 bf16
     python3 bench/triton_host.py --M 16384 --H 4096
@@ -50,8 +54,9 @@ Run on a GPU (about 20 s on an H200, Triton compilation included)::
 Smoke test without a GPU: ``python3 bench/triton_host.py --device cpu`` sets
 ``TRITON_INTERPRET=1`` (the Triton path takes CPU tensors there) and replaces every kernel
 launch by a no-op (the interpreter would run the kernels in Python): the outputs are
-garbage, the figures are the host path alone, and the bare launch, CUDA and Liger rows are
-skipped.
+garbage, the figures are the host path alone (a before/after of a host-side change without a
+GPU; under the interpreter ``_launchable`` also asks whether each tensor is fake, a few us
+the GPU path does not pay), and the bare launch, CUDA and Liger rows are skipped.
 
 PolyNorm: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
 """
@@ -145,6 +150,7 @@ _PHASES = {
     "Function.backward entered": "backward: Function.backward body (our code)",
     "Function.backward returning": "engine hand-off out (Function.backward return -> engine exit)",
     "engine returned": "autograd.grad: Python wrapper",
+    "step: autograd.grad returned": "freeing y and its graph (Function ctx, saved tensors)",
 }
 _LAUNCH_CATEGORY = {"forward": "forward: kernel launch", "backward": "backward: kernel launches"}
 
@@ -216,8 +222,8 @@ _KERNELS = ("_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel", "_poly_norm_bwd_pa
 # Host helpers of polynorm.triton_kernels stamped at entry and exit when the module has them.
 _HELPERS = (
     "_forward_impl", "_forward_launch", "_backward_impl", "_backward_launch", "check_forward_args",
-    "check_backward_args", "_check_runs_here", "_as_rows", "_flat", "_launch_config", "_bwd_num_programs",
-    "_bwd_plan", "_launchable",
+    "check_backward_args", "_saved_args_hold", "_check_runs_here", "_as_rows", "_launch_config",
+    "_bwd_num_programs", "_launchable", "_as_param",
 )  # fmt: skip
 
 
@@ -422,7 +428,8 @@ def main(argv=None) -> int:
     with stack:
         device_name = torch.cuda.get_device_name() if cuda else (platform.processor() or platform.machine())
         print(f"# Triton host time, M={M} H={H} {args.dtype}, {args.device}: {device_name}; torch {torch.__version__}, "
-              f"triton {triton.__version__}, Python {platform.python_version()}; best of {REPEATS} rounds")
+              f"triton {triton.__version__}, Python {platform.python_version()} (GIL switch interval "
+              f"{sys.getswitchinterval() * 1e3:g} ms); best of {REPEATS} rounds")
         if not cuda:
             print("# CPU smoke test: TRITON_INTERPRET=1 and every kernel launch a no-op (outputs are garbage): "
                   "host path only")
@@ -487,7 +494,8 @@ def layer_rows(args, x, w, b, g, sync, calls: int) -> None:
         ("forward: _forward_impl (+ checks)", lambda: tk._forward_impl(x, w, b, EPS, launch)),
         ("forward: PolyNormTritonFunction.apply, no backward recorded",
          lambda: tk.PolyNormTritonFunction.apply(x, w, b, EPS, False)),
-        ("forward: poly_norm(backend='triton'), no backward recorded", lambda: polynorm.poly_norm(x, w, b, EPS, backend="triton")),
+        ("forward: poly_norm(backend='triton'), no backward recorded",
+         lambda: polynorm.poly_norm(x, w, b, EPS, backend="triton")),
         ("forward: torch.ops.polynorm.forward_triton", lambda: torch.ops.polynorm.forward_triton(x, w, b, EPS)),
         ("backward: bare launches (2)", bare_backward if cuda else no_gpu),
         ("backward: _backward_launch (outputs, config, launches)",
@@ -592,6 +600,7 @@ def stamp_rows(args, leaves, g, sync) -> None:
                     torch.autograd.grad(y, leaves, g)
                     stamps("step: autograd.grad returned")
                     del y
+                    stamps("step: y and its graph freed")
                 sync()
                 if r:
                     rounds.append((lo, len(stamps.steps)))
@@ -617,6 +626,9 @@ def stamp_rows(args, leaves, g, sync) -> None:
     noop_rounds, noop_wall = run(lambda: NoOp.apply(*leaves), noop_stamps, noop_patch)
     NoOp.stamps = None
 
+    if "engine entered" not in triton_stamps.steps[-1][0]:
+        print("\n# note: torch.autograd._engine_run_backward was not called: the engine's hand-off is counted "
+              "in 'autograd.grad: Python wrapper'")
     intervals, triton_parts, triton_total = summarise(triton_stamps, triton_rounds)
     _, noop_parts, noop_total = summarise(noop_stamps, noop_rounds)
     print(f"\n# (c) Timestamps: the Triton step (poly_norm + autograd.grad), {steps} steps a round; "
@@ -624,13 +636,11 @@ def stamp_rows(args, leaves, g, sync) -> None:
     print("| # | from | to | part | median us |\n|---|---|---|---|---|")
     for i, (a, b, cat, us) in enumerate(intervals):
         print(f"| {i} | {a} | {b} | {cat} | {us:.2f} |")
-    main_thread = threading.get_ident()
-    where = {
-        "triton": "the calling thread" if triton_stamps.backward_threads == {main_thread} else "another thread (autograd's device thread)",
-        "no-op": "the calling thread" if noop_stamps.backward_threads == {main_thread} else "another thread (autograd's device thread)",
-    }  # fmt: skip
-    print(f"\n# By part: best round's median per step (us). Function.backward ran on: triton {where['triton']}, "
-          f"no-op {where['no-op']}")
+    def thread(s: Stamps) -> str:
+        return "the calling thread" if s.backward_threads == {threading.get_ident()} else "autograd's device thread"
+
+    print(f"\n# By part: best round's median per step (us). Function.backward ran on: triton {thread(triton_stamps)}, "
+          f"no-op {thread(noop_stamps)}")
     print("| part | triton step | no-op Function step |\n|---|---|---|")
     for cat in dict.fromkeys([*triton_parts, *noop_parts]):
         t, n = triton_parts.get(cat), noop_parts.get(cat)
