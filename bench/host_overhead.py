@@ -13,9 +13,10 @@ without a GPU. Each figure is the best of ``--repeat`` rounds of ``--number`` ca
 
 Rows: each polynorm backend that runs CPU tensors (``auto``: the C++ kernel; ``reference``:
 plain PyTorch; ``triton`` under ``TRITON_INTERPRET=1`` only, where Triton's interpreter
-runs the kernel itself in Python, so its row is an upper bound rather than host cost), and
-``torch.nn.functional.layer_norm`` with weight and bias as the native baseline for the
-same autograd work.
+runs the kernel itself in Python, so its row is an upper bound rather than host cost; the
+Triton backend's host path alone, launches replaced by no-ops, is
+``bench/triton_host.py --device cpu``), and ``torch.nn.functional.layer_norm`` with weight
+and bias as the native baseline for the same autograd work.
 
     python3 bench/host_overhead.py
     TRITON_INTERPRET=1 python3 bench/host_overhead.py --backends auto triton

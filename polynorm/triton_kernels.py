@@ -493,6 +493,8 @@ def _bwd_num_programs(num_tiles: int, num_warps: int, device: torch.device) -> t
     (and is plain min() on ints). The cap depends on the device and H only.
     """
     cap = _sm_count(device) * max(1, _BWD_WARPS_PER_SM // num_warps)
+    if type(num_tiles) is int:  # eager calls: builtin min, not sym_min's type dispatch
+        return min(num_tiles, cap), cap
     return torch.sym_min(num_tiles, cap), cap
 
 
@@ -510,8 +512,11 @@ def _launchable(*tensors: Tensor) -> bool:
     # data: only the output shapes are produced. Under fake or functional tensors (opcheck,
     # torch.compile tracing), wrap_triton records the launch; the interpreter would instead
     # run the kernel on them, which it cannot: there too only the output shapes are produced.
-    if any(t.device.type == "meta" for t in tensors):
-        return False
+    # is_meta, not device.type: no torch.device object per tensor on every call (fake and
+    # functional tensors answer for the device they stand for, as device.type does).
+    for t in tensors:
+        if t.is_meta:
+            return False
     if not _interpreted():
         return True
     return not any(is_fake(t) for t in tensors)
@@ -557,7 +562,7 @@ def _flat(t: Tensor) -> tuple[Tensor, int]:
 
 def _check_runs_here(op: str, x: Tensor) -> None:
     # Beyond the shared checks: Triton runs CUDA tensors, or CPU tensors in its interpreter.
-    if x.device.type != "cuda" and not _interpreted() and x.device.type != "meta" and not is_fake(x):
+    if not x.is_cuda and not _interpreted() and not x.is_meta and not is_fake(x):
         raise RuntimeError(
             f"{op}: expected x on a CUDA device (CPU tensors need TRITON_INTERPRET=1 set before "
             f"polynorm is imported), got {x.device}"
@@ -597,12 +602,20 @@ def _op(name: str, *, mutates_args, schema: str):
     return register
 
 
+_NO_GUARD = contextlib.nullcontext()  # stateless: one for every call
+
+
 def _on_device_of(x: Tensor):
     """Launches on x's device whatever the current device is (Triton launches on the current
-    one). Compiled graphs set the device in Inductor's own wrapper code."""
-    if x.device.type == "cuda" and not torch.compiler.is_compiling():
-        return torch.cuda.device(x.device)
-    return contextlib.nullcontext()
+    one): a device guard when x is on a CUDA device other than the current one, else nothing.
+    A ``torch.cuda.device`` guard costs a few us of Python on every call even when it switches
+    nothing, and x is almost always on the current device. Compiled graphs set the device in
+    Inductor's own wrapper code."""
+    if x.is_cuda and not torch.compiler.is_compiling():
+        index = x.get_device()
+        if index != torch.cuda.current_device():
+            return torch.cuda.device(index)
+    return _NO_GUARD
 
 
 _FWD = "polynorm.forward_triton"
@@ -632,8 +645,10 @@ def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor,
     x_rows, M, H, x_row_stride = _as_rows(x)
     # Without mul the kernel's mul arguments are x's: HAS_MUL=False never reads them.
     mul_rows, _, _, mul_row_stride = (x_rows, M, H, x_row_stride) if mul is None else _as_rows(mul)
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty((M, 3), dtype=_acc_dtype(x.dtype), device=x.device)
+    # empty_like: x's shape, dtype and device, contiguous, from one call (no Python objects
+    # for the shape and the device).
+    y = torch.empty_like(x, memory_format=torch.contiguous_format)
+    rstd = x.new_empty((M, 3), dtype=_acc_dtype(x.dtype))
     if M == 0:
         return y, rstd
     w, w_stride = _flat(weight)
@@ -677,8 +692,8 @@ def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tens
     # Without mul the kernel's mul, bias and grad_mul arguments are inputs it already reads
     # (grad_y, weight): HAS_MUL=False neither reads nor writes them.
     mul_rows, _, _, mul_row_stride = _as_rows(mul) if has_mul else (g_rows, M, H, g_row_stride)
-    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device) if has_mul else None
+    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+    grad_mul = torch.empty_like(x, memory_format=torch.contiguous_format) if has_mul else None
     # grad_weight and grad_bias in the accumulation dtype: autograd rounds each to its
     # parameter's dtype.
     if M == 0:
@@ -686,13 +701,13 @@ def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tens
     rstd_c = rstd.contiguous()  # [M, 3]: at most a tiny copy
     w, w_stride = _flat(weight)
     b = _flat(bias)[0] if has_mul else w
-    grad_weight = x.new_empty((3,), dtype=acc)
-    grad_bias = x.new_empty((1,), dtype=acc)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
     num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
+    grad_weight = x.new_empty((3,), dtype=acc)
+    grad_bias = x.new_empty((1,), dtype=acc)
     # [max_programs, 4], of which the first num_programs rows are written and summed: a
     # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
-    partials = torch.empty((max_programs, 4), dtype=acc, device=x.device)
+    partials = x.new_empty((max_programs, 4), dtype=acc)
     if _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
         with _on_device_of(x):
             launch(_poly_norm_bwd_kernel)[(num_programs,)](
@@ -882,7 +897,7 @@ def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
         and not is_fake(x)
-        and x.device.type != "meta"
+        and not x.is_meta
     )
 
 
@@ -893,7 +908,9 @@ class PolyNormTritonFunction(torch.autograd.Function):
     launches torch.compile, export and AOTInductor record) go through the dispatcher and
     ``wrap_triton`` on every eager call. This Function runs the same bodies, with the same
     checks, and launches the kernels directly (on an H200's host it cut the host time of a
-    call by about 13%, bench/NOTES.md; most of it is elsewhere, not yet found); :func:`polynorm.poly_norm` uses it whenever
+    call by about 13%, bench/NOTES.md; ``bench/triton_host.py`` times where the rest goes).
+    Its backward skips the argument checks that the forward and autograd already guarantee
+    (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever
     :func:`eager_fast_path` holds, and the registered ops otherwise. The backward keeps the
     op path when a graph of the gradient is recorded (``create_graph=True``), whose autograd
     refuses a double backward with a clear message.
@@ -921,17 +938,51 @@ class PolyNormTritonFunction(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: the op, whose autograd refuses double backward
             grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
         else:
-            grad_x, grad_weight, grad_bias = _backward_impl(grad_y, x, weight, rstd, _launch_directly)
+            if not _saved_args_hold(ctx, grad_y, x, weight):
+                check_backward_args(_BWD, grad_y, x, weight, rstd)  # raises, naming what changed
+            grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, _launch_directly)
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
         # grad_weight and grad_bias come in the accumulation dtype: rounded once, here, to
         # each parameter's own dtype and shape.
         return (
             grad_x if need_x else None,
-            grad_weight.to(ctx.weight_dtype).view(ctx.weight_shape) if need_weight else None,
-            grad_bias.to(ctx.bias_dtype).view(ctx.bias_shape) if need_bias else None,
+            _as_param(grad_weight, ctx.weight_dtype, ctx.weight_shape) if need_weight else None,
+            _as_param(grad_bias, ctx.bias_dtype, ctx.bias_shape) if need_bias else None,
             None,
             None,
         )
+
+
+def _saved_args_hold(ctx, grad_y: Tensor, x: Tensor, weight: Tensor) -> bool:
+    """Whether :func:`check_backward_args` holds in :class:`PolyNormTritonFunction`'s backward,
+    from a few comparisons (about 1 us of host time, against about 8 for the checks).
+
+    The forward checked x and weight; rstd is its own output, ``[M, 3]`` of the accumulation
+    dtype on x's device, which the user never held; and autograd's engine hands grad_y over with
+    y's shape, dtype and device (it reduces, casts or refuses a gradient that differs), which
+    were x's. So every check holds unless x or weight was swapped since (``t.data = ...``,
+    which autograd allows on a saved tensor): x still has grad_y's shape, dtype and device, and
+    weight its forward shape and dtype, on x's device. False: the caller runs the checks.
+    """
+    return (
+        x.shape == grad_y.shape
+        and x.dtype == grad_y.dtype
+        and x.device == grad_y.device
+        and weight.shape == ctx.weight_shape
+        and weight.dtype == ctx.weight_dtype
+        and weight.device == x.device
+    )
+
+
+def _as_param(grad: Tensor, dtype: torch.dtype, shape: torch.Size) -> Tensor:
+    """A parameter's gradient from the accumulation dtype: rounded once to the parameter's dtype
+    and viewed in its shape, each step only when needed (``.to`` and ``.view`` cost about 1 us of
+    host time a call even when they change nothing)."""
+    if grad.dtype != dtype:
+        grad = grad.to(dtype)
+    if grad.shape != shape:
+        grad = grad.view(shape)
+    return grad
 
 
 register_autograd("polynorm::forward_triton", torch.ops.polynorm.backward_triton.default)

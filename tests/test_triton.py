@@ -224,6 +224,25 @@ def test_errors(device):
     _assert_errors(cases)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_checks_a_swapped_saved_tensor(device):
+    # PolyNormTritonFunction's backward skips the checks that the forward and autograd already
+    # guarantee (triton_kernels._saved_args_hold), except for a saved x or weight swapped since
+    # the forward (t.data = ..., which autograd allows): that one gets the backward op's checks.
+    x, g, w, b = _inputs("swapped", 4, 8, torch.float32, device)
+    swaps = [
+        ("x", torch.randn(4, 9, device=device), "expected grad_y to have x's shape [4, 9], got [4, 8]"),
+        ("weight", torch.randn(2, device=device), "expected weight to have 3 elements [w0, w1, w2], got 2"),
+    ]
+    for name, new, text in swaps:
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        y = polynorm.poly_norm(xr, wr, b, backend="triton")
+        (xr if name == "x" else wr).data = new
+        with pytest.raises(RuntimeError) as info:
+            y.backward(g)
+        assert str(info.value).startswith("polynorm.backward_triton: ") and text in str(info.value), str(info.value)
+
+
 def test_backend_without_triton(monkeypatch):
     from polynorm import ops
 
