@@ -133,7 +133,10 @@ def eps_operand(op: str, eps):
 
 def _require(cond, message, traced: bool) -> None:
     # torch._check keeps symbolic shapes unspecialised in the fake kernels; Dynamo cannot
-    # trace its message closures, so code it traces branches instead (a guard at most).
+    # trace its message closures, so code it traces branches instead (a guard at most). A
+    # plain True (every concrete check that holds) needs neither: ~3 us saved per call.
+    if cond is True:
+        return
     if traced:
         if not cond:
             raise RuntimeError(message())
