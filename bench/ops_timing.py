@@ -1,4 +1,4 @@
-"""Kernel-only ratios of the polynorm ops to same-run floors, bf16, on a CUDA device.
+"""Kernel-only ratios of the polynorm ops to same-run floors, bf16 (``--dtype``), on a CUDA device.
 
 Calls ``torch.ops.polynorm.forward/backward`` (and the Triton ops, when registered)
 directly, without autograd, and prints each time over a same-size copy (forward) and a
@@ -28,7 +28,7 @@ from triton.testing import do_bench
 
 import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 
-SHAPES = [(2**26 // H, H) for H in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 5125, 16385)] + [
+SHAPES = [(2**26 // H, H) for H in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)] + [
     (2048, H) for H in (1024, 2048, 4096, 8192, 16384, 32768)
 ]
 
@@ -87,19 +87,24 @@ def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torc
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--op", choices=("poly_norm", "poly_norm_mul"), default="poly_norm")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--no-seed-shapes", action="store_true", help="only the M*H = 2^26 shapes")
     args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    shapes = [s for s in SHAPES if not (args.no_seed_shapes and s[0] == 2048)]
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}")
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
     if args.op == "poly_norm":
         print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
-        for M, H in SHAPES:
-            print(row(M, H, torch.bfloat16, weight, bias), flush=True)
+        for M, H in shapes:
+            print(row(M, H, dtype, weight, bias), flush=True)
     else:
         head = f"{'add':>7} {'mfwd/x':>6} {'trmfwd/x':>8} {'add+copy':>8} {'mbwd/x':>6} {'trmbwd/x':>8}"
         print(f"{'M':>7} {'H':>6} {head}")
-        for M, H in SHAPES:
-            print(mul_row(M, H, torch.bfloat16, weight, bias), flush=True)
+        for M, H in shapes:
+            print(mul_row(M, H, dtype, weight, bias), flush=True)
 
 
 if __name__ == "__main__":
