@@ -38,9 +38,10 @@ every rank computes all rows: correct, not parallel. offsets must be a DTensor t
 parallelism, call :func:`polynorm.poly_norm_grouped` on each rank's local tokens and
 offsets, as plain tensors.
 
-Not registered: ``polynorm::forward_tensor_eps`` and ``mul_forward_tensor_eps``. Eagerly
-the public functions turn every eps into a Python float and call the ops above; those two
-are reached only from a graph that torch.compile traced with a tensor eps.
+Not registered: ``polynorm::forward_tensor_eps``, ``mul_forward_tensor_eps`` and
+``grouped_forward_tensor_eps``. Eagerly the public functions turn every eps into a Python
+float and call the ops above; those three are reached only from a graph that torch.compile
+traced with a tensor eps.
 
 Registered on import of :mod:`polynorm` when ``torch.distributed`` is available, for every
 op above that exists in this process: ``polynorm::forward``/``backward``,

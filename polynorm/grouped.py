@@ -10,7 +10,8 @@ leaves them), and expert e owns rows ``[offsets[e-1], offsets[e])`` (``offsets[-
 This module holds the Python side of ``torch.ops.polynorm.grouped_forward`` /
 ``grouped_backward`` (C++ CPU and CUDA kernels, ``csrc/polynorm_grouped_*``) and of their
 Triton twins (:mod:`polynorm.triton_grouped`): fake kernels, autograd, the public function
-and the module.
+and the module; and ``torch.ops.polynorm.grouped_forward_tensor_eps``, the op that
+torch.compile calls for a tensor or NumPy eps (read and checked when the graph runs).
 """
 
 import torch
@@ -21,13 +22,14 @@ from polynorm._common import (
     check_eps,
     check_grouped_backward_args,
     check_grouped_forward_args,
+    eps_operand,
     param_grads,
     refuse_double_backward,
     rstd_dtype,
     save_param_meta,
     saveable,
 )
-from polynorm.ops import BACKENDS
+from polynorm.ops import BACKENDS, _check_tensor_eps_fake
 
 try:  # registers torch.ops.polynorm.grouped_forward_triton and grouped_backward_triton
     from polynorm import triton_grouped as _triton_grouped
@@ -58,14 +60,21 @@ def _grouped_backward_fake(
     return grad_x, x.new_empty((E, 3), dtype=acc), x.new_empty((E,), dtype=acc)
 
 
-def _register_grouped_autograd(forward_op: str, backward_op) -> None:
-    """Makes ``forward_op`` (``grouped_forward``'s schema) differentiable in x, weight and bias
-    through ``backward_op`` (``grouped_backward``'s schema). ``needs_input_grad`` is honoured;
-    grad_weight ``[E, 3]`` and grad_bias ``[E]`` come from the op in the accumulation dtype and
-    are rounded here once, each to its own parameter's dtype and shape. An x or offsets made
-    under ``torch.inference_mode()`` cannot be saved for backward: it is copied once, only
-    when a backward is recorded. The backward op gets an autograd kernel that refuses double
-    backward."""
+def _register_grouped_autograd(forward_op: str, backward_op=None, *, by_backend: dict | None = None) -> None:
+    """Makes ``forward_op`` (``grouped_forward``'s schema, then any further inputs) differentiable
+    in x, weight and bias through ``backward_op`` (``grouped_backward``'s schema).
+    ``needs_input_grad`` is honoured; grad_weight ``[E, 3]`` and grad_bias ``[E]`` come from the
+    op in the accumulation dtype and are rounded here once, each to its own parameter's dtype
+    and shape. An x or offsets made under ``torch.inference_mode()`` cannot be saved for
+    backward: it is copied once, only when a backward is recorded.
+
+    Args:
+        backward_op: the backward op; it is given an autograd kernel that refuses double
+            backward.
+        by_backend: instead of ``backward_op``, for a forward whose sixth input is a backend
+            name (``grouped_forward_tensor_eps``): each backend's backward op name under
+            ``torch.ops.polynorm``.
+    """
 
     def setup_context(ctx, inputs, output) -> None:
         x, weight, bias, offsets = inputs[:4]
@@ -73,22 +82,57 @@ def _register_grouped_autograd(forward_op: str, backward_op) -> None:
         ctx.mark_non_differentiable(rstd)
         ctx.save_for_backward(saveable(x), weight, saveable(offsets), rstd)
         save_param_meta(ctx, weight, bias)
+        ctx.backward_op = backward_op if by_backend is None else getattr(torch.ops.polynorm, by_backend[inputs[5]])
 
     def backward(ctx, grad_y: Tensor, _grad_rstd: Tensor):
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        rest = (None,) * (len(ctx.needs_input_grad) - 3)  # offsets, eps (and backend)
         if not (need_x or need_weight or need_bias):
-            return None, None, None, None, None
+            return (None, None, None) + rest
         x, weight, offsets, rstd = ctx.saved_tensors
-        grad_x, grad_weight, grad_bias = backward_op(grad_y, x, weight, offsets, rstd)
-        return (grad_x if need_x else None,) + param_grads(ctx, grad_weight, grad_bias, need_weight, need_bias) + (None, None)
+        grad_x, grad_weight, grad_bias = ctx.backward_op(grad_y, x, weight, offsets, rstd)
+        return (grad_x if need_x else None,) + param_grads(ctx, grad_weight, grad_bias, need_weight, need_bias) + rest
 
     torch.library.register_autograd(forward_op, backward, setup_context=setup_context)
-    refuse_double_backward(backward_op)
+    if by_backend is None:
+        refuse_double_backward(backward_op)
 
 
 _register_grouped_autograd("polynorm::grouped_forward", torch.ops.polynorm.grouped_backward.default)
 if _triton_grouped is not None:
     _register_grouped_autograd("polynorm::grouped_forward_triton", torch.ops.polynorm.grouped_backward_triton.default)
+
+
+# eps as a tensor under torch.compile, as polynorm::forward_tensor_eps does for poly_norm
+# (polynorm/ops.py): a tensor eps, or a NumPy scalar (a 0-d tensor to Dynamo), is a graph input
+# whose value the trace cannot see, and the C++ schema's float refuses a data-dependent
+# symbolic float. This op takes eps as a tensor and reads and checks it when the graph runs.
+# Eagerly, poly_norm_grouped never uses it.
+_GROUPED_KERNEL_OPS = {"auto": "grouped_forward", "cuda": "grouped_forward", "triton": "grouped_forward_triton"}
+
+
+@torch.library.custom_op("polynorm::grouped_forward_tensor_eps", mutates_args=())
+def _grouped_forward_tensor_eps(
+    x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps: Tensor, backend: str
+) -> tuple[Tensor, Tensor]:
+    """``polynorm::grouped_forward`` (backend ``"auto"``/``"cuda"``) or ``grouped_forward_triton``
+    (``"triton"``) with eps a one-element real tensor, read (and checked: finite and >= 0, else
+    poly_norm_grouped's ValueError) when the op runs."""
+    value = check_eps("polynorm.poly_norm_grouped", eps)
+    y, rstd = getattr(torch.ops.polynorm, _GROUPED_KERNEL_OPS[backend])(x, weight, bias, offsets, value)
+    return y, rstd
+
+
+@_grouped_forward_tensor_eps.register_fake
+def _grouped_forward_tensor_eps_fake(x: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps: Tensor, backend: str):
+    _check_tensor_eps_fake("polynorm.grouped_forward_tensor_eps", "polynorm.poly_norm_grouped", backend, eps)
+    return _grouped_forward_fake(x, weight, bias, offsets, 0.0)  # eps's value is checked when the op runs
+
+
+_register_grouped_autograd(
+    "polynorm::grouped_forward_tensor_eps",
+    by_backend={"auto": "grouped_backward", "cuda": "grouped_backward", "triton": "grouped_backward_triton"},
+)
 
 
 def _offsets_from_counts(counts, x: Tensor, weight: Tensor) -> Tensor:
@@ -159,7 +203,8 @@ def poly_norm_grouped(
             counts.
         eps: added to each mean square inside the square root; a real number (Python or NumPy
             int or float, one-element real tensor; not a bool), finite and >= 0. Under
-            torch.compile, a Python number (a graph constant).
+            torch.compile a Python float is a graph constant, and a NumPy or tensor eps is
+            read, and checked, when the graph runs (``polynorm::grouped_forward_tensor_eps``).
         backend: ``"auto"`` (the CUDA kernels for CUDA tensors, the C++ kernel for CPU
             tensors: ``torch.ops.polynorm.grouped_forward``), ``"cuda"`` (x must be on a CUDA
             device), ``"triton"`` (``torch.ops.polynorm.grouped_forward_triton``; CPU tensors
@@ -200,8 +245,8 @@ def poly_norm_grouped(
         offsets = _offsets_from_counts(counts, x, weight)
     elif not isinstance(offsets, Tensor):
         raise TypeError(f"{op_name}: expected offsets to be a Tensor, got {type(offsets).__name__}")
-    if type(eps) is not float:
-        eps = check_eps(op_name, eps)
+    if type(eps) is not float:  # the common case, a Python float, goes straight to the op
+        eps = eps_operand(op_name, eps)  # a tensor only under torch.compile
     if backend in ("auto", "cuda"):
         if backend == "cuda" and not (x.is_cuda or x.is_meta):
             raise RuntimeError(f"{op_name}: backend 'cuda' expected x on a CUDA device (or the meta device), got {x.device}")
@@ -211,10 +256,17 @@ def poly_norm_grouped(
             raise RuntimeError(f"{op_name}: backend 'triton' expected the triton package to import, got {_TRITON_IMPORT_ERROR}")
         op = torch.ops.polynorm.grouped_forward_triton
     elif backend == "reference":
-        eps = check_grouped_forward_args(op_name, x, weight, bias, offsets, eps, traced=torch.compiler.is_compiling())
+        traced = torch.compiler.is_compiling()
+        if isinstance(eps, Tensor):  # checked when the graph runs, by polynorm::checked_eps
+            check_grouped_forward_args(op_name, x, weight, bias, offsets, 0.0, traced=traced)
+            eps = torch.ops.polynorm.checked_eps(eps, op_name)
+        else:
+            eps = check_grouped_forward_args(op_name, x, weight, bias, offsets, eps, traced=traced)
         return reference._poly_norm_grouped(x, weight, bias, offsets, eps)
     else:
         raise ValueError(f"{op_name}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if isinstance(eps, Tensor):
+        return torch.ops.polynorm.grouped_forward_tensor_eps(x, weight, bias, offsets, eps, backend)[0]
     return op(x, weight, bias, offsets, eps)[0]
 
 

@@ -1,14 +1,19 @@
 """Grouped PolyNorm (mixture of experts): every backend against a loop over experts of the
 single-expert op and against the float64 oracle, per expert, over the shared matrix's dtypes
-and layouts; empty experts, rows of no expert, M = 0, bad input, determinism, opcheck and
-torch.compile.
+and layouts; empty experts, rows of no expert, M = 0, bad input, determinism, opcheck,
+torch.compile (every eps form), batch invariance and a second GPU (on a GPU), and a smoke run
+of bench/grouped_timing.py.
 
 Expert e owns rows [offsets[e-1], offsets[e]) of x (flattened to (M, H)); rows at or past
 offsets[E-1] belong to no expert (y = 0, grad_x = 0, never read).
 """
 
+import json
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -22,6 +27,7 @@ from _matrix import (
     DTYPES,
     INTERPRET,
     LAYOUTS,
+    ROOT,
     Grads,
     _same_layout_leaf,
     assert_python_checks_match_cpp,
@@ -68,7 +74,7 @@ def offsets_of(counts, device, dtype=torch.int64) -> torch.Tensor:
 def run_grouped(backend, x, g, w, b, offsets=None, counts=None, eps=EPS) -> Grads:
     """y, dx, dw, db from poly_norm_grouped and autograd (x keeps its layout), with every
     buffer the ops allocate poisoned first."""
-    x_ = x.detach().clone().requires_grad_(True) if x.is_contiguous() else _same_layout_leaf(x)
+    x_ = _same_layout_leaf(x)  # keeps the layout, storage offset (alignment) included
     w_ = w.detach().clone().requires_grad_(True)
     b_ = b.detach().clone().requires_grad_(True)
     with poisoned_outputs():
@@ -797,6 +803,122 @@ def test_compile_dynamic_rows_no_recompile(device, backend):
     torch._dynamo.reset()
 
 
+# eps in every form eager mode takes, compiled. Dynamo turns a NumPy scalar into a 0-d tensor,
+# and a tensor's value is data the trace cannot see: the kernel backends then call
+# polynorm::grouped_forward_tensor_eps, the reference polynorm::checked_eps, each of which reads
+# and checks eps when the graph runs (as poly_norm and poly_norm_mul do: tests/test_pt2.py).
+EPS_FORMS = {
+    "float": lambda v: v,
+    "numpy.float32": lambda v: __import__("numpy").float32(v),
+    "numpy.float64": lambda v: __import__("numpy").float64(v),
+    "tensor-0d": lambda v: torch.tensor(v, dtype=torch.float64),
+}
+# (device, backend, torch.compile backend). On the CPU aot_eager (Dynamo and AOTAutograd,
+# whose graphs are recorded and inspected); on a GPU Inductor too.
+EPS_COMPILE_CASES = [
+    pytest.param("cpu", "auto", "aot_eager", id="cpu-auto-aot_eager"),
+    pytest.param("cpu", "triton", "aot_eager", marks=[requires_triton, requires_interpreter], id="cpu-triton-aot_eager"),
+    pytest.param("cpu", "reference", "aot_eager", id="cpu-reference-aot_eager"),
+    *(
+        pytest.param("cuda", backend, compiler, marks=[requires_cuda] + ([requires_triton] if backend == "triton" else []),
+                     id=f"cuda-{backend}-{compiler}")
+        for backend in ("cuda", "triton", "reference")
+        for compiler in ("aot_eager", "inductor")
+    ),
+]
+# The op a compiled graph calls for a tensor or NumPy eps, by backend.
+TENSOR_EPS_OPS = {backend: "polynorm.grouped_forward_tensor_eps.default" for backend in ("auto", "cuda", "triton")}
+TENSOR_EPS_OPS["reference"] = "polynorm.checked_eps.default"
+
+
+def _compile_backend(compiler: str):
+    return torch._dynamo.testing.AotEagerAndRecordGraphs() if compiler == "aot_eager" else compiler
+
+
+@pytest.mark.parametrize("form", list(EPS_FORMS))
+@pytest.mark.parametrize("device,backend,compiler", EPS_COMPILE_CASES)
+def test_compile_eps_forms(device, backend, compiler, form):
+    # One graph, forward and backward as eager, and, for a second eps value, the oracle at that
+    # value: a tensor or NumPy eps is an input of the graph, never a constant of the trace.
+    pytest.importorskip("numpy")
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(seed_for("grouped-eps-forms", device, backend, compiler, form))
+    counts, pad = [3, 0, 6, 1], 2
+    x = make_rows(sum(counts) + pad, 64, torch.bfloat16, device, "contiguous", gen)
+    g = make_rows(sum(counts) + pad, 64, torch.bfloat16, device, "contiguous", gen)
+    w, b = make_experts(len(counts), torch.float32, device, gen)
+    offsets = offsets_of(counts, device)
+
+    def fn(x, w, b, eps):
+        return polynorm.poly_norm_grouped(x, w, b, offsets, eps=eps, backend=backend)
+
+    def run(f, eps) -> Grads:
+        args = [t.detach().clone().requires_grad_(True) for t in (x, w, b)]
+        with poisoned_outputs():
+            y = f(*args, eps)
+            return Grads(y.detach(), *torch.autograd.grad(y, args, g))
+
+    compile_backend = _compile_backend(compiler)
+    compiled = torch.compile(fn, backend=compile_backend, fullgraph=True)
+    for value in (1e-3, 0.5):
+        eps = EPS_FORMS[form](value)
+        eager, comp = run(fn, eps), run(compiled, eps)
+        assert torch.equal(eager.y, run(fn, float(eps)).y)  # eager: the form holds its float
+        for name in ("y", "dx", "dw", "db"):
+            got, exp = getattr(comp, name), getattr(eager, name)
+            if backend != "reference" and name == "y":
+                assert torch.equal(got, exp), f"eps={eps!r}: y differs from eager"
+            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+        check_grouped(comp, x, g, w, b, counts, eps=float(eps), what=f"compiled {device} {backend} eps={eps!r}")
+    if compiler == "aot_eager" and form != "float":
+        targets = {str(node.target) for gm in compile_backend.fw_graphs for node in gm.graph.nodes}
+        assert TENSOR_EPS_OPS[backend] in targets, sorted(targets)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
+@pytest.mark.parametrize("device,backend,compiler", EPS_COMPILE_CASES)
+def test_compile_eps_checked_when_graph_runs(device, backend, compiler, form):
+    # A bad eps in a form whose value the trace cannot see is refused when the graph runs, with
+    # poly_norm_grouped's ValueError, by every backend.
+    pytest.importorskip("numpy")
+    torch._dynamo.reset()
+    x, w, b, o = _inputs(device)
+    compiled = torch.compile(
+        lambda x, eps: polynorm.poly_norm_grouped(x, w, b, o, eps=eps, backend=backend),
+        backend=_compile_backend(compiler),
+        fullgraph=True,
+    )
+    compiled(x, EPS_FORMS[form](1e-6))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=re.escape("polynorm.poly_norm_grouped: expected eps to be finite and >= 0")):
+            compiled(x, EPS_FORMS[form](bad))
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_tensor_eps(device):
+    # The op torch.compile calls for a tensor or NumPy eps: schema, fake kernel, autograd
+    # registration and AOT dispatch; and its fake kernel's refusals.
+    for x, w, b, o in _opcheck_samples(device):
+        for requires_grad in (False, True):
+            args = [t.detach().clone().requires_grad_(requires_grad) for t in (x, w, b)]
+            torch.library.opcheck(
+                torch.ops.polynorm.grouped_forward_tensor_eps.default, (*args, o, torch.tensor(1e-5), "auto")
+            )
+    x, w, b, o = _inputs(device)
+    op = torch.ops.polynorm.grouped_forward_tensor_eps
+    y, rstd = op(x, w, b, o, torch.tensor(0.25, dtype=torch.float64), "auto")
+    y_float, rstd_float = torch.ops.polynorm.grouped_forward(x, w, b, o, 0.25)
+    assert torch.equal(y, y_float) and torch.equal(rstd, rstd_float)
+    with pytest.raises(ValueError, match=r"polynorm\.poly_norm_grouped: expected eps to be finite and >= 0, got -1"):
+        op(x, w, b, o, torch.tensor(-1.0), "auto")
+    with pytest.raises(TypeError, match=r"polynorm\.poly_norm_grouped: expected eps to be a real number, got a tensor of shape \[2\]"):
+        op(x.to("meta"), w.to("meta"), b.to("meta"), o.to("meta"), torch.ones(2, device="meta"), "auto")
+    with pytest.raises(ValueError, match=r"polynorm\.grouped_forward_tensor_eps: expected backend to be one of auto, cuda, triton, got 'reference'"):
+        op(x.to("meta"), w.to("meta"), b.to("meta"), o.to("meta"), torch.ones((), device="meta"), "reference")
+
+
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
 @requires_cuda
 def test_no_host_sync(backend):
@@ -857,9 +979,160 @@ def test_cuda_graph_capture(backend):
 
 
 # ---------------------------------------------------------------------------------------
+# Batch invariance, and tensors on a second GPU
+# ---------------------------------------------------------------------------------------
+
+GPU_KERNELS = ["cuda", pytest.param("triton", marks=requires_triton)]
+
+
+def _uneven_counts(n: int, E: int, e: int, gen: torch.Generator) -> list[int]:
+    """n rows over E experts at random cut points (so some experts are empty), expert e with at
+    least one row."""
+    cuts = sorted(torch.randint(0, n + 1, (E - 1,), generator=gen).tolist())
+    counts = [hi - lo for lo, hi in zip([0] + cuts, cuts + [n])]
+    if counts[e] == 0:
+        donor = max(range(E), key=lambda i: counts[i])
+        counts[donor] -= 1
+        counts[e] += 1
+    return counts
+
+
+@requires_cuda
+@pytest.mark.parametrize("backend", GPU_KERNELS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("H", [3, 1024, 5125, 16385, 40000])
+def test_batch_invariance(backend, dtype, H):
+    # The launch shape depends on H and the dtype only: a row's y, rstd and grad_x are bitwise
+    # the same as its expert's only row (every other expert empty) and anywhere in its expert's
+    # segment of a batch of any size, the other rows split unevenly over the experts (some
+    # empty), with rows of no expert after. As tests/test_kernels.py's test_batch_invariance
+    # does for PolyNorm, the row lands at a random place.
+    fwd, bwd = (getattr(torch.ops.polynorm, name) for name in OPS[backend])
+    gen = torch.Generator().manual_seed(seed_for("grouped-batch", backend, dtype, H))
+    E, e = 4, 2
+    sizes = [1, 255, 256, 257] + ([4096] if H <= 5125 else [])
+    big_x = make_rows(max(sizes) + 2, H, dtype, "cuda", "contiguous", gen)
+    big_g = make_rows(max(sizes) + 2, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_experts(E, torch.float32, "cuda", gen)
+    row_x, row_g = big_x[0:1].clone(), big_g[0:1].clone()
+    alone = offsets_of([1 if i == e else 0 for i in range(E)], "cuda")
+    y_alone, rstd_alone = fwd(row_x, w, b, alone, EPS)
+    dx_alone, _, _ = bwd(row_g, row_x, w, alone, rstd_alone)
+    for n in sizes:
+        counts = _uneven_counts(n, E, e, gen)
+        at = sum(counts[:e]) + int(torch.randint(0, counts[e], (1,), generator=gen))
+        pad = 2 if n > 1 else 0  # rows of no expert
+        x = torch.cat([big_x[1 : at + 1], row_x, big_x[at + 1 : n + pad]])
+        g = torch.cat([big_g[1 : at + 1], row_g, big_g[at + 1 : n + pad]])
+        offsets = offsets_of(counts, "cuda")
+        with poisoned_outputs():
+            y, rstd = fwd(x, w, b, offsets, EPS)
+            dx, _, _ = bwd(g, x, w, offsets, rstd)
+        what = f"batch of {n} rows, counts {counts}, row at {at}"
+        assert torch.equal(y[at : at + 1], y_alone), f"y, {what}"
+        assert torch.equal(rstd[at : at + 1], rstd_alone), f"rstd, {what}"
+        assert torch.equal(dx[at : at + 1], dx_alone), f"grad_x, {what}"
+
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+requires_two_gpus = pytest.mark.skipif(
+    not TWO_GPUS, reason=f"needs 2 CUDA devices, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+)
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("form", ["offsets", "counts"])
+@pytest.mark.parametrize("backend", GPU_KERNELS + ["reference"])
+@pytest.mark.parametrize("H", [127, 4096])
+def test_second_device_matches_first_bitwise(backend, H, form):
+    # Tensors on cuda:1 while cuda:0 is current: every kernel and allocation on cuda:1 (nothing
+    # allocated on cuda:0), with the same bits as on cuda:0. (tests/test_distributed.py does
+    # the same for PolyNorm.)
+    gen = torch.Generator().manual_seed(seed_for("grouped-second-device", backend, H, form))
+    counts = [5, 0, 20, 8]
+    x = make_rows(sum(counts) + 2, H, torch.bfloat16, "cpu", "contiguous", gen)
+    g = make_rows(sum(counts) + 2, H, torch.bfloat16, "cpu", "contiguous", gen)
+    w, b = make_experts(len(counts), torch.float32, "cpu", gen)
+
+    def run(device):
+        groups = {"counts": torch.tensor(counts, device=device)} if form == "counts" else {"offsets": offsets_of(counts, device)}
+        return run_grouped(backend, x.to(device), g.to(device), w.to(device), b.to(device), **groups)
+
+    out0 = run("cuda:0")
+    torch.cuda.synchronize(0)
+    with torch.cuda.device(0):
+        before = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        out1 = run("cuda:1")
+        torch.cuda.synchronize(1)
+        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
+    for name in ("y", "dx", "dw", "db"):
+        t0, t1 = getattr(out0, name), getattr(out1, name)
+        assert t1.device == torch.device("cuda:1"), name
+        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+    on_cpu = Grads(*(getattr(out1, name).cpu() for name in ("y", "dx", "dw", "db")))
+    check_grouped(on_cpu, x, g, w, b, counts, what=f"{backend} on cuda:1")
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", GPU_KERNELS)
+@pytest.mark.parametrize("moved", ["weight", "bias", "offsets", "counts"])
+def test_mixed_devices_are_refused(backend, moved):
+    x, w, b, o = _inputs("cuda:0")
+    args = {"weight": w, "bias": b, "offsets": o}
+    if moved == "counts":
+        with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm_grouped: expected counts on x's device cuda:0, got cuda:1"):
+            polynorm.poly_norm_grouped(x, w, b, counts=torch.tensor([2, 1, 3], device="cuda:1"), backend=backend)
+        return
+    args[moved] = args[moved].to("cuda:1")
+    with pytest.raises(RuntimeError, match=rf"polynorm\.grouped_forward(_triton)?: expected {moved} on x's device cuda:0, got cuda:1"):
+        polynorm.poly_norm_grouped(x, args["weight"], args["bias"], args["offsets"], backend=backend)
+    if moved != "bias":  # the backward has no bias
+        fwd, bwd = OPS[backend]
+        _, rstd = getattr(torch.ops.polynorm, fwd)(x, w, b, o, EPS)
+        bwd_args = {"weight": w, "offsets": o}
+        bwd_args[moved] = bwd_args[moved].to("cuda:1")
+        with pytest.raises(RuntimeError, match=rf"polynorm\.grouped_backward(_triton)?: expected {moved} on x's device cuda:0, got cuda:1"):
+            getattr(torch.ops.polynorm, bwd)(torch.randn_like(x), x, bwd_args["weight"], bwd_args["offsets"], rstd)
+
+
+# ---------------------------------------------------------------------------------------
 # The README's block
 # ---------------------------------------------------------------------------------------
 
 
 def test_readme_grouped_block_runs_as_pasted(tmp_path):
     run_readme_block("polynorm.poly_norm_grouped(", tmp_path)
+
+
+# ---------------------------------------------------------------------------------------
+# bench/grouped_timing.py (issue 15, Part 2's benchmark), as a smoke test
+# ---------------------------------------------------------------------------------------
+
+
+def test_grouped_timing_smoke(tmp_path):
+    # --smoke: tiny CPU tensors, every provider's code path once, each checked against the
+    # grouped op before it is timed (the script fails on a mismatch); the JSON holds a forward
+    # and a backward record per provider, shape and E, or the reason a provider was skipped
+    # (the Triton ones run CPU tensors only under the interpreter). Ratios mean nothing here.
+    out = tmp_path / "grouped_timing.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "grouped_timing.py"), "--smoke", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    records, skipped = result["records"], result["skipped"]
+    assert result["meta"]["smoke"] and result["meta"]["anchors_approach"] == "loop"
+    expected = {"grouped", "loop"} | ({"grouped_triton", "loop_triton"} if INTERPRET else set())
+    timed = {r["provider"] for r in records}
+    assert expected <= timed and timed | set(skipped) == {"grouped", "grouped_triton", "loop", "loop_triton"}, (timed, skipped)
+    for name in set(skipped):
+        assert "TRITON_INTERPRET" in skipped[name], skipped
+    keys = {(r["M"], r["H"], r["E"], r["direction"], r["provider"]) for r in records}
+    assert {E for _, _, E, _, _ in keys} == {8, 64} and len(keys) == len(records) == 2 * 2 * len(timed)
+    for r in records:
+        assert sum(r["counts"]) == r["M"] and len(r["counts"]) == r["E"] and r["empty_experts"] >= 1, r
+        for field in ("ms", "floor_ms", "ratio", "single_ratio", "vs_single"):
+            assert math.isfinite(r[field]) and r[field] > 0, (field, r)
+        assert (r["within_target"] is None) == (r["provider"] not in ("grouped", "grouped_triton")), r
+    assert "| M | H | E |" in done.stdout

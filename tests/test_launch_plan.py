@@ -4,6 +4,9 @@
 with what geometry; ``_force_kernel(kind)`` makes every later CUDA launch take another family
 where it can (the benchmarks' and the GPU tests' switch). These tests pin the table's
 boundaries, that the choice never depends on the batch (the op has no M), and the switch.
+On a GPU, each family, forced, runs PolyNorm's ops and the fused PolyNorm x mul's
+(``mul_forward``/``mul_backward``: row and tiled builds, no staged one) against the float64
+oracle, over layouts that reach each build's alignment paths.
 """
 
 import re
@@ -96,7 +99,16 @@ def test_bad_arguments_are_refused_by_name():
 
 # ---- On a GPU: every kernel family, forced, against the float64 oracle ------------------------
 
-from _matrix import check_against_oracle, make_params, make_rows, requires_cuda, run_backend, seed_for  # noqa: E402
+from _matrix import (  # noqa: E402
+    check_against_oracle,
+    check_against_oracle_mul,
+    make_params,
+    make_rows,
+    requires_cuda,
+    run_backend,
+    run_backend_mul,
+    seed_for,
+)
 
 
 @pytest.fixture
@@ -161,3 +173,86 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
     for args, name in [((3, 0, 1), "fwd_packs"), ((0, 8, 1), "bwd_packs"), ((0, 0, -2), "grid_waves")]:
         with pytest.raises(ValueError, match=f"polynorm._tune_rows: expected .*{name}"):
             tune(*args)
+
+
+# ---- The fused PolyNorm x mul: its two families, forced --------------------------------------
+# mul_forward and mul_backward have a row build and a tiled build, no staged one: forcing
+# "staged" leaves the table's choice, and forcing "row" past the row kernels' register budget
+# gives the tiled build.
+
+MUL_ROW_PACKS = {"mul_forward": 4, "mul_backward": 2}  # csrc/launch_plan.h: kRowMulFwdPacks, kRowMulBwdPacks
+
+
+def mul_family(op: str, H: int, dtype: torch.dtype, forced: str) -> str:
+    """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
+    the row build while the row fits 1024 threads' packs of x, mul (and grad_out), unless
+    tiled is forced; the tiled build otherwise."""
+    fits = H * (torch.finfo(dtype).bits // 8) <= 1024 * MUL_ROW_PACKS[op] * 16
+    return "row" if fits and forced != "tiled" else "tiled"
+
+
+@pytest.mark.parametrize("op", ["mul_forward", "mul_backward"])
+@pytest.mark.parametrize("kind", ["auto", "row", "staged", "tiled"])
+def test_mul_ops_forced_families(op, kind):
+    # On the host: what the GPU tests below rely on, for every H they use and the boundaries.
+    try:
+        force(kind)
+        for dtype in (torch.bfloat16, torch.float32, torch.float64):
+            limit = 1024 * MUL_ROW_PACKS[op] * 16 // (torch.finfo(dtype).bits // 8)
+            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000):
+                expected = mul_family(op, H, dtype, kind)
+                assert plan(op, H, dtype).startswith(expected + " "), (op, kind, dtype, H, plan(op, H, dtype))
+                # The output's alignment never changes the fused op's family (it has no staged build).
+                assert plan(op, H, dtype, out_misaligned=True).startswith(expected + " "), (op, kind, dtype, H)
+    finally:
+        force("auto")
+
+
+# (H, x layout, mul layout, grad_out layout). Beside the matrix of test_every_family_matches_the_oracle:
+# - H = 4096, x and grad_out aligned with a misaligned mul (a view one element into a buffer):
+#   the row build that does not realign x, with element-wise loads of mul (and the reverse);
+# - H = 40000, past every row build's budget: the tiled build with misaligned inputs.
+MUL_LAYOUT_CASES = [
+    *[(H, layout, layout, layout) for H in (1, 127, 769, 5125) for layout in ("contiguous", "misaligned")],
+    (4096, "contiguous", "misaligned", "contiguous"),
+    (4096, "contiguous", "misaligned", "misaligned"),
+    (4096, "misaligned", "contiguous", "contiguous"),
+    (40000, "misaligned", "misaligned", "misaligned"),
+    (40000, "contiguous", "misaligned", "contiguous"),
+    (40000, "misaligned", "contiguous", "misaligned"),
+]
+
+
+@requires_cuda
+@pytest.mark.parametrize("forced_kernel", ["row", "staged", "tiled"], indirect=True)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize(
+    "H,x_layout,mul_layout,g_layout", MUL_LAYOUT_CASES, ids=["-".join(map(str, case)) for case in MUL_LAYOUT_CASES]
+)
+def test_every_mul_family_matches_the_oracle(forced_kernel, dtype, H, x_layout, mul_layout, g_layout):
+    # Forcing "staged" runs the table's choice (no staged build of the fused op): the plan
+    # says which family ran, and the oracle checks it the same way.
+    for op in ("mul_forward", "mul_backward"):
+        expected = mul_family(op, H, dtype, forced_kernel)
+        assert plan(op, H, dtype).startswith(expected + " "), (op, forced_kernel, H, dtype, plan(op, H, dtype))
+    key = ("forced-mul", forced_kernel, H, dtype, x_layout, mul_layout, g_layout)
+    gen = torch.Generator().manual_seed(seed_for(*key))
+    x = make_rows(37, H, dtype, "cuda", x_layout, gen)
+    mul = make_rows(37, H, dtype, "cuda", mul_layout, gen)
+    g = make_rows(37, H, dtype, "cuda", g_layout, gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)  # every buffer poisoned with NaN first
+    what = f"forced {forced_kernel} H={H} {dtype} x {x_layout}, mul {mul_layout}, grad_out {g_layout}"
+    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
+def test_every_mul_family_gives_the_same_bits_on_every_run(forced_kernel):
+    gen = torch.Generator().manual_seed(seed_for("forced-mul-bits", forced_kernel))
+    x, mul, g = (make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(3))
+    w, b = make_params(torch.float32, "cuda", gen)
+    first = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    again = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    for name in ("out", "dx", "dmul", "dw", "db"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name

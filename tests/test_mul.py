@@ -3,8 +3,9 @@
 Every backend (the C++ CPU kernel, CUDA, Triton, the reference) against the float64 oracle
 (``polynorm.reference.poly_norm_mul`` differentiated by autograd) over the shared matrix of
 tests/_matrix.py: dtypes, odd H, layouts of x and mul independently, empty input; then the
-numerics (y is never rounded before the multiply), determinism, errors, opcheck, gradcheck,
-parameter dtypes, inference-mode inputs, meta and fake tensors, and the module.
+numerics (y is never rounded before the multiply), determinism, batch invariance and a second
+GPU (on a GPU), errors, opcheck, gradcheck, parameter dtypes, inference-mode inputs, meta and
+fake tensors, and the module.
 torch.compile and export of the fused op are in test_pt2.py.
 """
 
@@ -199,6 +200,43 @@ def test_backward_deterministic(device, backend, H):
                 assert torch.equal(getattr(first, name), getattr(again, name)), (name, n)
     finally:
         torch.set_num_threads(threads)
+
+
+# (H, forced CUDA kernel family): the row build at every row length it serves, the tiled build
+# where the rows are too long for it (40000), and forced at short rows, where a tiled block
+# holds several rows (the row's place in its block must not matter either).
+BATCH_CASES = [(3, "auto"), (1024, "auto"), (5125, "auto"), (16385, "auto"), (40000, "auto"), (3, "tiled"), (769, "tiled")]
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("H,kind", BATCH_CASES, ids=[f"{H}-{kind}" for H, kind in BATCH_CASES])
+def test_cuda_batch_invariance(H, kind, dtype):
+    # The launch choices depend on H and the dtype only (csrc/launch_plan.h): a row's out,
+    # grad_x and grad_mul are bitwise the same alone and anywhere in a batch of any size.
+    # As tests/test_kernels.py's test_batch_invariance does for PolyNorm: the row first in a
+    # batch of n rows, the batch shuffled, so that the row lands anywhere.
+    gen = torch.Generator().manual_seed(seed_for("mul-batch", H, kind, dtype))
+    sizes = [1, 255, 256, 257] + ([4096] if H <= 5125 else [])
+    big = [make_rows(max(sizes), H, dtype, "cuda", "contiguous", gen) for _ in range(3)]  # x, mul, grad_out
+    row = [t[0:1].clone() for t in big]
+    w, b = make_params(torch.float32, "cuda", gen)
+    torch.ops.polynorm._force_kernel(kind)
+    try:
+        alone_out, alone_rstd = torch.ops.polynorm.mul_forward(row[0], row[1], w, b, 1e-6)
+        alone_dx, alone_dmul, _, _ = torch.ops.polynorm.mul_backward(row[2], row[0], row[1], w, b, alone_rstd)
+        for n in sizes:
+            perm = torch.randperm(n, generator=gen)
+            at = int((perm == 0).nonzero())
+            x, mul, g = (torch.cat([r, t[1:n]])[perm] for r, t in zip(row, big))
+            out, rstd = torch.ops.polynorm.mul_forward(x, mul, w, b, 1e-6)
+            dx, dmul, _, _ = torch.ops.polynorm.mul_backward(g, x, mul, w, b, rstd)
+            assert torch.equal(out[at : at + 1], alone_out), f"out, batch of {n}"
+            assert torch.equal(rstd[at : at + 1], alone_rstd), f"rstd, batch of {n}"
+            assert torch.equal(dx[at : at + 1], alone_dx), f"grad_x, batch of {n}"
+            assert torch.equal(dmul[at : at + 1], alone_dmul), f"grad_mul, batch of {n}"
+    finally:
+        torch.ops.polynorm._force_kernel("auto")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -404,6 +442,51 @@ def test_device_mismatch_cuda(backend):
     with pytest.raises(RuntimeError, match=API_OPS + r"expected mul on x's device cuda:0, got cpu"):
         polynorm.poly_norm_mul(x, mul.cpu(), w, b, backend=backend)
     torch.ones(4, device="cuda").sum().item()
+
+
+TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+requires_two_gpus = pytest.mark.skipif(
+    not TWO_GPUS, reason=f"needs 2 CUDA devices, found {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+)
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton), "reference"])
+@pytest.mark.parametrize("H", [127, 4096])
+def test_second_device_matches_first_bitwise(backend, H):
+    # Tensors on cuda:1 while cuda:0 is current: the launchers' device guard puts every
+    # kernel and allocation on cuda:1 (nothing allocated on cuda:0), with the same bits as on
+    # cuda:0. (tests/test_distributed.py does the same for PolyNorm.)
+    gen = torch.Generator().manual_seed(seed_for("mul-second-device", backend, H))
+    x, mul, g = (make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen) for _ in range(3))
+    w, b = make_params(torch.float32, "cpu", gen)
+    on = {dev: [t.to(dev) for t in (x, mul, g, w, b)] for dev in ("cuda:0", "cuda:1")}
+    out0 = run_backend_mul(backend, *on["cuda:0"], 1e-6)
+    torch.cuda.synchronize(0)
+    with torch.cuda.device(0):
+        before = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        out1 = run_backend_mul(backend, *on["cuda:1"], 1e-6)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
+    for name in ("out", "dx", "dmul", "dw", "db"):
+        t0, t1 = getattr(out0, name), getattr(out1, name)
+        assert t1.device == torch.device("cuda:1"), name
+        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+
+
+@requires_two_gpus
+@pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("moved", ["mul", "weight", "bias"])
+def test_mixed_devices_are_refused(backend, moved):
+    x, mul, w, b = _inputs("cuda:0")
+    args = {"mul": mul, "weight": w, "bias": b}
+    args[moved] = args[moved].to("cuda:1")
+    with pytest.raises(RuntimeError, match=API_OPS + f"expected {moved} on x's device cuda:0, got cuda:1"):
+        polynorm.poly_norm_mul(x, args["mul"], args["weight"], args["bias"], backend=backend)
+    g, x, mul, w, b, rstd = _backward_args("cuda:0")
+    with pytest.raises(RuntimeError, match=r"polynorm\.mul_backward(_triton)?: expected mul on x's device cuda:0, got cuda:1"):
+        _ops(backend)[1](g, x, mul.to("cuda:1"), w, b, rstd)
 
 
 def test_backend_errors():
