@@ -16,6 +16,9 @@
 #   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
 #   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
 #   variants    bench/variants_timing.py: every CUDA kernel family forced at each H, ~30 s
+#   tune        bench/tune_rows.py: the row kernels' tunings side by side, ~1 min
+#   grouped     bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
+#   triton_host bench/triton_host.py: where the Triton backend's host time goes, ~1 min
 # Multi-file outputs are packed as .tgz and the loose files removed: the device tool returns
 # a limited number of files, and drops the rest (2026-11-30b, call 4 lost its main job's). liger-kernel, when wanted, comes as a wheel in .whl/ (see the device tool's README).
 set -uo pipefail
@@ -80,6 +83,12 @@ for stage in "${stages[@]}"; do
       echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
     variants)
       timeout 150 python3 bench/variants_timing.py 2>&1 | tee "$OUT/variants_timing.log" ;;
+    tune)
+      timeout 170 python3 bench/tune_rows.py ${TUNE_H:+--H $TUNE_H} 2>&1 | tee "$OUT/tune_rows.log" ;;
+    grouped)
+      timeout 200 python3 bench/grouped_timing.py --out "$OUT/grouped_timing.json" 2>&1 | tee "$OUT/grouped_timing.log" ;;
+    triton_host)
+      timeout 150 python3 bench/triton_host.py > "$OUT/triton_host.log" 2>&1; echo "triton_host rc=$?" ;;
     *)
       echo "unknown stage: $stage" ;;
   esac
