@@ -1049,6 +1049,13 @@ __device__ __forceinline__ RowLane row_lane(int G) {
   return RowLane{lane, G, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
 }
 
+// Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
+// the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
+// their arithmetic is skipped (odd H leaves up to a third of the slots idle).
+__device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
+  return rl.base - rl.j + i * rl.W >= packs;
+}
+
 // The 16 bytes that start `shift` bytes into chunk a (and run on into chunk b), for a
 // shift that varies by row: selects, no branch (rows of one warp may differ).
 __device__ __forceinline__ Pack realign_any(const Pack& a, const Pack& b, int shift) {
@@ -1102,8 +1109,10 @@ __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext,
     const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
     // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
     // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
+      if (warp_idle(rl, i, packs)) continue;  // masked to zero below
       const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
       Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
       if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
@@ -1358,8 +1367,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     if (!same_phase) finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
+      if (warp_idle(rl, i, packs)) continue;
       const Pack in = same_phase ? mask_pack<scalar_t>(realigned_pack(buf, ext, i, shift, rl), rl.base + i * rl.W, H)
                                  : buf[i];
 #pragma unroll
@@ -1412,7 +1423,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       keep_raw(buf[i]);
-      buf[i] = output(buf[i], mb[kMul ? i : 0]);
+      if (!warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
     }
     store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
   }
@@ -1505,8 +1516,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     }
 
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
+      if (warp_idle(rl, i, packs)) continue;
       const int p = rl.base + i * rl.W;
       const Pack xi = same_phase ? mask_pack<scalar_t>(realigned_pack(xb, x_ext, i, shift, rl), p, H) : xb[i];
       const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
@@ -1581,6 +1594,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     for (int i = 0; i < kPacks; ++i) {
       keep_raw(xb[i]);
       keep_raw(gb[i]);
+      if (warp_idle(rl, i, packs)) continue;  // never stored
       const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
       xb[i] = dx_of(xp, gp, mp);
       if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
