@@ -1,7 +1,7 @@
 """The row kernels' tunings side by side, kernel-only, on a CUDA device (issue 13).
 
 ``torch.ops.polynorm._tune_rows(fwd_packs, bwd_packs, grid_waves, prefetch, same_phase)`` picks
-the packs a thread of PolyNorm's 2-byte row kernels (forward 2, 4 or 8; backward 2 or 4), the
+the packs a thread of PolyNorm's 2-byte row kernels (forward 4 or 8; backward 4), the
 forward's grid (1: persistent, as many blocks as fit once; 0: a block per R rows), the
 forward's prefetch of the next row (``p``), and whether odd-H rows take the same-phase path
 (``sp0``: without it, default packs). This script
@@ -23,8 +23,8 @@ import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm.reference import poly_norm as reference
 
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
-FWD = [(8, 1, False), (8, 0, False), (4, 1, False), (4, 1, True), (2, 1, True)]  # (packs, grid waves, prefetch)
-BWD = [4, 2]
+FWD = [(8, 1, False), (8, 0, False), (4, 1, False), (4, 1, True)]  # (packs, grid waves, prefetch)
+BWD = [4]
 
 
 def bench(fn) -> float:

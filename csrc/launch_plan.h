@@ -124,10 +124,9 @@ inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   const RowTuning t = row_tuning();
   const int tuned = backward ? t.bwd_packs : t.fwd_packs;
   if (elem_size == 2 && tuned > 0) return tuned;
-  if (backward) return kRowBwdPacks;
-  // 2-byte rows of up to 8 KB: 4 packs a thread (twice the threads a row, fewer registers,
-  // more rows in flight) measured 5-10% faster than 8 (bench/NOTES.md, 2026-11-30c).
-  return elem_size == 2 && H * elem_size <= 8192 ? 4 : kRowFwdPacks;
+  // 8 packs a thread forward (4 for the backward's two tensors): 4 packs forward measured
+  // 1-4% slower than 8 at H = 4096 once 8 packs stopped spilling (bench/NOTES.md, v5).
+  return backward ? kRowBwdPacks : kRowFwdPacks;
 }
 
 // R rows per stage: the most (a power of two, <= 256) whose inputs stay within

@@ -188,16 +188,16 @@ std::atomic<int> g_grid_waves{-1};
 std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
 
-// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 2, 4 or 8;
-// backward: 2 or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
+// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4 or 8;
+// backward: 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
 // at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
 // row (aligned 2-byte rows of 4 packs a thread) and the same-phase path of misaligned rows.
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase) {
-  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 2 || fwd_packs == 4 || fwd_packs == 8,
-                    "polynorm._tune_rows: expected fwd_packs to be 0, 2, 4 or 8, got ", num(fwd_packs));
-  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
-                    "polynorm._tune_rows: expected bwd_packs to be 0, 2 or 4, got ", num(bwd_packs));
+  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8,
+                    "polynorm._tune_rows: expected fwd_packs to be 0, 4 or 8, got ", num(fwd_packs));
+  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 4, "polynorm._tune_rows: expected bwd_packs to be 0 or 4, got ",
+                    num(bwd_packs));
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   g_fwd_packs.store(static_cast<int>(fwd_packs));

@@ -1051,7 +1051,8 @@ __device__ __forceinline__ RowLane row_lane(int G) {
 
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
-// their arithmetic is skipped (odd H leaves up to a third of the slots idle).
+// their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
+// skip cost more in spills than it saved, bench/NOTES.md v5).
 __device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
   return rl.base - rl.j + i * rl.W >= packs;
 }
@@ -1109,10 +1110,8 @@ __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext,
     const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
     // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
     // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
-    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      if (warp_idle(rl, i, packs)) continue;  // masked to zero below
       const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
       Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
       if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
@@ -1370,7 +1369,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      if (warp_idle(rl, i, packs)) continue;
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
       const Pack in = same_phase ? mask_pack<scalar_t>(realigned_pack(buf, ext, i, shift, rl), rl.base + i * rl.W, H)
                                  : buf[i];
 #pragma unroll
@@ -1423,7 +1422,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       keep_raw(buf[i]);
-      if (!warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
+      if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
     }
     store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
   }
@@ -1519,7 +1518,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      if (warp_idle(rl, i, packs)) continue;
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
       const int p = rl.base + i * rl.W;
       const Pack xi = same_phase ? mask_pack<scalar_t>(realigned_pack(xb, x_ext, i, shift, rl), p, H) : xb[i];
       const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
@@ -1594,7 +1593,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     for (int i = 0; i < kPacks; ++i) {
       keep_raw(xb[i]);
       keep_raw(gb[i]);
-      if (warp_idle(rl, i, packs)) continue;  // never stored
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;  // never stored
       const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
       xb[i] = dx_of(xp, gp, mp);
       if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
@@ -1851,14 +1850,13 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     }
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // PolyNorm's 2-byte builds come with 2, 4 or 8 packs a thread (bench tuning, _tune_rows).
+      // PolyNorm's 2-byte builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
             param_ref(bias), mul, rows.M, rows.H, eps, stream);
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
-        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});
         if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
@@ -1934,9 +1932,6 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             grad_weight.mutable_data_ptr<acc_t>(), grad_bias.mutable_data_ptr<acc_t>()}, partials, acc_like, mul,
             x_rows.M, x_rows.H, stream);
       };
-      if constexpr (!kMul && sizeof(scalar_t) == 2) {
-        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});
-      }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
     } else if (lp.kind == KernelKind::kStaged) {

@@ -148,29 +148,28 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
 
 
-def test_forward_packs_by_row_size():
-    # 2-byte rows of up to 8 KB: 4 packs a thread; longer rows and other dtypes: 8.
-    assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
-    assert fields(plan("forward", 4104, torch.float16))["packs"] == 8
-    assert fields(plan("forward", 2048, torch.float32))["packs"] == 8
-    assert fields(plan("backward", 512, torch.bfloat16))["packs"] == 4
+def test_packs_a_thread():
+    # 8 packs of x a thread forward, 4 each of x and grad_y backward, for every dtype.
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert fields(plan("forward", 4096, dtype))["packs"] == 8
+        assert fields(plan("backward", 512, dtype))["packs"] == 4
 
 
 def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
     tune = torch.ops.polynorm._tune_rows
     default = fields(plan("forward", 4096, torch.bfloat16))
     try:
-        tune(8, 2, 0, True)
-        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 8
-        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == default["G"] // 2
-        assert fields(plan("backward", 4096, torch.float16))["packs"] == 2
+        tune(4, 4, 0, True)
+        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
+        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == default["G"] * 2
+        assert fields(plan("backward", 4096, torch.float16))["packs"] == 4
         assert fields(plan("forward", 4096, torch.float32))["packs"] == 8  # no other build
         assert fields(plan("mul_forward", 4096, torch.bfloat16))["packs"] == 4
         assert fields(plan("mul_backward", 4096, torch.bfloat16))["packs"] == 2
     finally:
         tune()
     assert fields(plan("forward", 4096, torch.bfloat16)) == default
-    for args, name in [((3, 0, 1), "fwd_packs"), ((0, 8, 1), "bwd_packs"), ((0, 0, -2), "grid_waves")]:
+    for args, name in [((2, 0, 1), "fwd_packs"), ((0, 2, 1), "bwd_packs"), ((0, 0, -2), "grid_waves")]:
         with pytest.raises(ValueError, match=f"polynorm._tune_rows: expected .*{name}"):
             tune(*args)
 
