@@ -49,4 +49,10 @@ void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, c
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& offsets, const at::Tensor& rstd);
 
+// CUDA builds (polynorm_grouped_cuda.cu): grad_weight [E, 3] and grad_bias [E] (opmath, like
+// row_terms) as the per-expert sums of row_terms [M, 4] over each expert's rows, in an order that
+// depends only on the segment's length; launched on the current stream.
+void grouped_param_sums(const at::Tensor& row_terms, const at::Tensor& offsets, at::Tensor& grad_weight,
+                        at::Tensor& grad_bias);
+
 }  // namespace polynorm

@@ -1,7 +1,9 @@
-// CUDA kernels for polynorm::forward and backward, and for the fused PolyNorm x mul
-// (mul_forward, mul_backward): the kernel bodies and their launch plans, included by
-// polynorm_cuda.cu (PolyNorm) and polynorm_mul_cuda.cu (the fused op), which compile in
-// parallel. The fused op is the same kernels with kMul = true (see MulArgs).
+// CUDA kernels for polynorm::forward and backward, for the fused PolyNorm x mul
+// (mul_forward, mul_backward) and for the grouped PolyNorm of mixture-of-experts layers
+// (grouped_forward, grouped_backward): the kernel bodies and their launch plans, included by
+// polynorm_cuda.cu (PolyNorm, grouped) and polynorm_mul_cuda.cu (the fused op), which compile
+// in parallel. The fused op is the same kernels with kMul = true (see MulArgs); the grouped
+// ops are the row and tiled kernels with a per-row expert, a runtime switch (see GroupArgs).
 //
 // Three kernel families, chosen by H and the dtype alone (so a row's bits never depend on
 // its batch or on M):
@@ -18,10 +20,12 @@
 //   the alignment of the row, or the run.
 // - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
 //   64-bit; dW and dB come from per-block partials that the backward's last block sums
-//   in block order (finish_param_grads): one launch, and the same bits on every run.
+//   in block order (finish_param_grads): one launch, and the same bits on every run
+//   (grouped: per-row terms, summed per expert by a second kernel, grouped_param_sums).
 // bench/NOTES.md records each version's prediction and measured outcome.
 #pragma once
 
+#include "expert_offsets.cuh"
 #include "launch_plan.h"
 #include "polynorm.h"
 
@@ -277,6 +281,51 @@ struct MulArgs {
   ParamRef bias;         // backward: (1,) any float dtype, for y
 };
 
+// Grouped PolyNorm (grouped_forward, grouped_backward; docs/MATH.md, "Grouped PolyNorm"): the
+// same kernels with a per-row expert, a runtime switch (offsets.ptr == nullptr: not grouped;
+// the fused op's builds, kMul = true, compile it out). The kernel's weight and bias are then
+// the [E, 3] and [E] (or [E, 1]) tensors: weight.stride steps between an expert's w0, w1, w2,
+// and the expert strides below between experts. Per row:
+// - the row's expert e is the first with offsets[e] > row (expert_of, a binary search, done
+//   before the row's loads are issued: it runs while few registers are live); its w0, w1, w2
+//   and b are read for the row (L1-cached) instead of the kernel-wide values;
+// - a row at or past offsets[E-1] (e = E) belongs to no expert: it is not read (a load of
+//   length 0), it computes on zeros with zero parameters, and its y, rstd, grad_x and row
+//   terms are 0;
+// - backward: each row writes its [r_3 S_3, r_2 S_2, r_1 S_1, sum g] (what the single-expert
+//   launch adds to the block's partial: the same expressions) to row_terms, and no block
+//   partial or finish_param_grads runs; grouped_param_sums (polynorm_grouped_cuda.cu) then
+//   sums each expert's segment in a fixed order.
+// A row's bits therefore depend only on its data, its expert's parameters, H and the dtype.
+template <typename acc_t>
+struct GroupArgs {
+  ExpertOffsets offsets;    // [E] int32/int64 cumulative end offsets; ptr == nullptr: not grouped
+  int64_t w_expert_stride;  // weight [E, 3]: expert e's w_k at e * w_expert_stride + k * weight.stride
+  int64_t b_expert_stride;  // bias [E] or [E, 1]: expert e's b at e * b_expert_stride
+  acc_t* row_terms;         // backward: [M, 4] opmath, [r_3 S_3, r_2 S_2, r_1 S_1, sum g] per row
+};
+
+// Element i of a parameter tensor, strides applied by the caller.
+template <typename acc_t>
+__device__ __forceinline__ acc_t load_param_at(const ParamRef& p, int64_t i) {
+  return load_param<acc_t>(ParamRef{p.ptr, 1, p.dtype}, i);
+}
+
+// Expert e's [w0, w1, w2] and (where `bias` is given) b; zeros for e = E (a row of no expert).
+template <typename acc_t>
+__device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, const ParamRef& weight,
+                                              const ParamRef* bias, int64_t e, acc_t& w0, acc_t& w1, acc_t& w2,
+                                              acc_t& b) {
+  w0 = w1 = w2 = b = acc_t(0);
+  if (e < grouping.offsets.E) {
+    const int64_t w_at = e * grouping.w_expert_stride;
+    w0 = load_param_at<acc_t>(weight, w_at);
+    w1 = load_param_at<acc_t>(weight, w_at + weight.stride);
+    w2 = load_param_at<acc_t>(weight, w_at + 2 * weight.stride);
+    if (bias != nullptr) b = load_param_at<acc_t>(*bias, e * grouping.b_expert_stride);
+  }
+}
+
 // Called by every thread of a block right after its threads have written the block's
 // partial (`tid`: the thread's index in the block of `threads`, a multiple of 32). The
 // last block to arrive sums the partials in block order: warp k sums column k (lane l
@@ -327,6 +376,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
     ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
     ParamRef bias,                                 // (1,) any float dtype
     MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
     int64_t M,
     int64_t H,
     double eps) {
@@ -340,7 +390,12 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
   const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
   scalar_t* y_row = y + (active ? row : 0) * H;
 
-  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const bool owned = !grouped || expert < grouping.offsets.E;
+
+  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
   // Rows of up to G * kFwdPacks packs stay in registers (x read once); the launch
   // picks G so that every row up to kMaxGroup * kFwdPacks packs does. Longer rows are
   // walked twice, tile by tile; the second walk mostly hits L2.
@@ -391,15 +446,31 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
   const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
   const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
   if (!active) return;  // no barrier below
+  if (!owned) {  // grouped, a row of no expert: y = 0, rstd = 0
+    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
+      store_pack(y_row, p, H, y_vec_ok, make_uint4(0u, 0u, 0u, 0u));
+    }
+    if (threadIdx.x == 0) {
+      for (int k = 0; k < 3; ++k) rstd[row * 3 + k] = acc_t(0);
+    }
+    return;
+  }
   if (threadIdx.x == 0) {
     rstd[row * 3 + 0] = r3;
     rstd[row * 3 + 1] = r2;
     rstd[row * 3 + 2] = r1;
   }
-  const acc_t a3 = load_param<acc_t>(weight, 0) * r3;
-  const acc_t a2 = load_param<acc_t>(weight, 1) * r2;
-  const acc_t a1 = load_param<acc_t>(weight, 2) * r1;
-  const acc_t b = load_param<acc_t>(bias, 0);
+  // The row's parameters: the kernel's, or its expert's.
+  acc_t w0, w1, w2, b;
+  if (grouped) {
+    expert_params(grouping, weight, &bias, expert, w0, w1, w2, b);
+  } else {
+    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+    w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  }
+  const acc_t a3 = w0 * r3;
+  const acc_t a2 = w1 * r2;
+  const acc_t a1 = w2 * r1;
   const scalar_t* m_row = kMul ? mul.mul + row * mul.row_stride : nullptr;
   auto output = [&](const Pack& pk, int64_t p) {
     Pack m;
@@ -461,6 +532,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     bool dx_vec_ok,
     ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,
     int64_t H) {
   using acc_t = at::opmath_type<scalar_t>;
@@ -477,7 +549,12 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : nullptr;
   scalar_t* dm_row = kMul ? mul.grad_mul + (active ? row : 0) * H : nullptr;
 
-  const int64_t packs = active ? (H + P::kVec - 1) / P::kVec : 0;
+  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const bool owned = !grouped || expert < grouping.offsets.E;
+
+  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
   // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
   const bool resident = packs <= int64_t(G) * kBwdPacks;
 
@@ -537,40 +614,63 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   group_reduce<4>(s, smem);
 
   acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
-  if (active) {
+  if (active && owned) {
     r3 = rstd[row * 3 + 0];
     r2 = rstd[row * 3 + 1];
     r1 = rstd[row * 3 + 2];
   }
-  // This block's share of the parameter gradients: row groups in order, then one write.
-  if (threadIdx.x == 0) {
-    row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
-    row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
-    row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
-    row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
+  if (grouped) {
+    // The row's share of its expert's [dw0, dw1, dw2, db] (0 for a row of no expert).
+    if (active && threadIdx.x == 0) {
+      grouping.row_terms[row * 4 + 0] = r3 * s[2];
+      grouping.row_terms[row * 4 + 1] = r2 * s[1];
+      grouping.row_terms[row * 4 + 2] = r1 * s[0];
+      grouping.row_terms[row * 4 + 3] = s[3];
+    }
+  } else {
+    // This block's share of the parameter gradients: row groups in order, then one write.
+    if (threadIdx.x == 0) {
+      row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
+      row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
+      row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
+      row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
+    }
+    __syncthreads();
+    const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
+    if (tid < 4) {
+      acc_t total = row_part[0][tid];
+      for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
+      param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
+    }
+    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
   }
-  __syncthreads();
-  const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
-  if (tid < 4) {
-    acc_t total = row_part[0][tid];
-    for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
-    param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
-  }
-  finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
   if (!active) return;  // no barrier below
+  if (!owned) {  // grouped, a row of no expert: grad_x = 0
+    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
+      store_pack(dx_row, p, H, dx_vec_ok, make_uint4(0u, 0u, 0u, 0u));
+    }
+    return;
+  }
 
+  // The row's weights: the kernel's, or its expert's.
+  acc_t w0, w1, w2, no_bias;
+  if (grouped) {
+    expert_params(grouping, weight, nullptr, expert, w0, w1, w2, no_bias);
+  } else {
+    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1), w2 = load_param<acc_t>(weight, 2);
+  }
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  const acc_t c1 = load_param<acc_t>(weight, 2) * r1;
-  const acc_t c2 = acc_t(2) * load_param<acc_t>(weight, 1) * r2;
-  const acc_t c3 = acc_t(3) * load_param<acc_t>(weight, 0) * r3;
+  const acc_t c1 = w2 * r1;
+  const acc_t c2 = acc_t(2) * w1 * r2;
+  const acc_t c3 = acc_t(3) * w0 * r3;
   const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
   const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
   const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
 
   // kMul: y's Horner coefficients, as forward computes them.
-  const acc_t a3 = kMul ? load_param<acc_t>(weight, 0) * r3 : acc_t(0);
-  const acc_t a2 = kMul ? load_param<acc_t>(weight, 1) * r2 : acc_t(0);
-  const acc_t a1 = kMul ? load_param<acc_t>(weight, 2) * r1 : acc_t(0);
+  const acc_t a3 = kMul ? w0 * r3 : acc_t(0);
+  const acc_t a2 = kMul ? w1 * r2 : acc_t(0);
+  const acc_t a1 = kMul ? w2 * r1 : acc_t(0);
   const acc_t b = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);
   // Writes pack p of dx (and, kMul, of grad_mul).
   auto output = [&](const Pack& xp, const Pack& gp, const Pack& mp, int64_t p) {
@@ -1081,7 +1181,9 @@ __device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
 // last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
 // tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
 // pack's index, and the segment's last lane also the chunk after its segment (`ext`).
-template <typename scalar_t, int kPacks>
+// kMayBeEmpty (the builds with a grouped path): H may be 0, which loads nothing (every pack
+// zero): a grouped row of no expert.
+template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
                                           const RowLane& rl, bool realign_rows) {
   constexpr int kVec = PackOf<scalar_t>::kVec;
@@ -1089,8 +1191,9 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
   const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
   // Chunks covering the row: its packs, or one more when a misaligned row spills over.
-  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
-                                  : static_cast<int>((H + kVec - 1) / kVec);
+  int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
+                            : static_cast<int>((H + kVec - 1) / kVec);
+  if (kMayBeEmpty && H == 0) chunks = 0;  // not even the chunk where a misaligned row starts
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     const int p = rl.base + i * rl.W;
@@ -1297,6 +1400,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
     ParamRef bias,                                 // (1,) any float dtype
     MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
     int64_t M,
     int64_t H,
     double eps,
@@ -1321,28 +1425,46 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
   const acc_t e = static_cast<acc_t>(eps);
+  // Grouped (GroupArgs): a row's expert, E for a row of no expert or past M. Searched before
+  // the row's loads are issued, so that a row of no expert is not read (a load of length 0,
+  // all zeros); it then computes with zero parameters and rstd: y = 0. The expert's
+  // parameters are read late (during the row's reduction), so that only the expert's index
+  // is live while the row is in registers.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
+  const auto expert_of_row = [&](int64_t row) {
+    return row < M ? static_cast<int>(expert_of(grouping.offsets, row)) : E;
+  };
 
   static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
   const int64_t step = int64_t(gridDim.x) * R;
   Pack ahead[kPrefetch ? kPacks : 1];
   Pack ext;
+  int ahead_expert = 0;  // kPrefetch, grouped: the expert of the row in `ahead`
   if constexpr (kPrefetch) {
     const int64_t row = int64_t(blockIdx.x) * R + group;
-    issue_row<scalar_t, kPacks>(ahead, ext, x + (row < M ? row : 0) * x_row_stride, H, rl, false);
+    if (grouped) ahead_expert = expert_of_row(row);
+    issue_row<scalar_t, kPacks, !kMul>(ahead, ext, x + (row < M ? row : 0) * x_row_stride,
+                                grouped && ahead_expert == E ? 0 : H, rl, false);
   }
   int parity = 0;
   for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    int expert = 0;
+    if (grouped) expert = kPrefetch ? ahead_expert : expert_of_row(row);
+    const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
     if constexpr (kPrefetch) {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
       const int64_t next = row + step;
-      issue_row<scalar_t, kPacks>(ahead, ext, x + (next < M ? next : 0) * x_row_stride, H, rl, false);
+      if (grouped) ahead_expert = expert_of_row(next);
+      issue_row<scalar_t, kPacks, !kMul>(ahead, ext, x + (next < M ? next : 0) * x_row_stride,
+                                  grouped && ahead_expert == E ? 0 : H, rl, false);
     } else {
-      issue_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign || same_phase);
+      issue_row<scalar_t, kPacks, !kMul>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     }
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
@@ -1381,22 +1503,26 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
         s[2] += v2 * v2 * v2;
       }
     }
+    // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
+    if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
     row_reduce<3>(s, red[parity], rl);
 
     // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
-    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
-    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
-    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+    acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+    acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    if (!owned) r1 = r2 = r3 = acc_t(0);  // grouped, a row of no expert: rstd = 0
     if (active && rl.lane == 0) {
       rstd[row * 3 + 0] = r3;
       rstd[row * 3 + 1] = r2;
       rstd[row * 3 + 2] = r1;
     }
-    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
     const auto output = [&](const Pack& in, const Pack& m) {
       return P::make([&](int k) {
         const acc_t v = P::value(in, k);
-        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
+        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + rb;  // Horner form
         if constexpr (kMul) return yv * P::value(m, k);
         return yv;
       });
@@ -1445,6 +1571,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     bool same_phase_arg,                                 // every tensor's rows start alike in their chunks
     ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,
     int64_t H,
     int G) {
@@ -1467,6 +1594,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const acc_t w2 = load_param<acc_t>(weight, 2);
   const acc_t mb_bias = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);  // kMul: y's bias
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  // Grouped (GroupArgs): the row's expert, searched before its loads are issued, its weights
+  // read during the reduction (as in forward). A row of no expert is not read (x, grad_y and
+  // rstd): it computes on zeros with zero weights and rstd, so grad_x = 0 and its row terms 0.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   int parity = 0;
@@ -1474,8 +1606,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
+    const int expert = !grouped ? 0 : active ? static_cast<int>(expert_of(grouping.offsets, row)) : E;  // E: none
+    const bool owned = !grouped || expert < E;
     acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
-    if (active) {  // issued before the row's loads complete
+    if (active && owned) {  // issued before the row's loads complete
       r3 = rstd[row * 3 + 0];
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
@@ -1485,8 +1619,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     Pack xb[kPacks];
     Pack gb[kPacks];
     Pack x_ext, g_ext;
-    issue_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign || same_phase);
-    issue_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign || same_phase);
+    issue_row<scalar_t, kPacks, !kMul>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, !kMul>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
@@ -1537,9 +1671,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
         s[3] += g;
       }
     }
+    // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
+    if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
     row_reduce<4>(s, red[parity], rl);
 
-    if (active) {
+    if (grouped) {
+      // The row's share of its expert's [dw0, dw1, dw2, db]: the terms `part` adds below.
+      if (active && rl.lane == 0) {
+        grouping.row_terms[row * 4 + 0] = r3 * s[2];
+        grouping.row_terms[row * 4 + 1] = r2 * s[1];
+        grouping.row_terms[row * 4 + 2] = r1 * s[0];
+        grouping.row_terms[row * 4 + 3] = s[3];
+      }
+    } else if (active) {
       part[0] += r3 * s[2];
       part[1] += r2 * s[1];
       part[2] += r1 * s[0];
@@ -1547,13 +1692,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     }
     // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
     // range for |x| ~ 3e4 or tiny rows with eps = 0.
-    const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
+    const acc_t c1 = rw2 * r1, c2 = acc_t(2) * rw1 * r2, c3 = acc_t(3) * rw0 * r3;
     const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
     const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
     const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
     // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
     // goes to gb (grad_out's registers), x's become dx.
-    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
+    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
     const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
       return P::make([&](int k) {
         const acc_t v = P::value(xp, k);
@@ -1602,6 +1747,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
   }
 
+  if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
   // The block's partial: its groups in order (each group's rows already in order).
   if (rl.lane == 0) {
 #pragma unroll
@@ -1723,7 +1869,8 @@ struct FwdRowBuild {
 template <typename scalar_t, int kPacks, bool kMul>
 void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
                         scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
-                        const MulArgs<scalar_t>& mul, int64_t M, int64_t H, double eps, cudaStream_t stream) {
+                        const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping, int64_t M,
+                        int64_t H, double eps, cudaStream_t stream) {
   const RowPlan& row = lp.row;
   const RowTuning tuning = row_tuning();
   const bool realign = !x_vec_ok || !y_vec_ok;
@@ -1744,12 +1891,13 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (layout == kAligned && row.G < 512 ? 1 : 0);
   const int64_t grid = row_grid(kernel, row, M, waves);
   kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok,
-                                                                 same_phase, rstd, weight, bias, mul, M, H, eps,
-                                                                 row.G);
+                                                                 same_phase, rstd, weight, bias, mul, grouping, M, H,
+                                                                 eps, row.G);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The row kernel's backward launch for kPacks packs a thread; allocates the partials.
+// The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
+// for a grouped launch, whose rows write their terms to grouping.row_terms instead).
 template <typename scalar_t, int kPacks, bool kMul>
 struct BwdRowBuild {
   template <int kLayout, int kMaxThreads>
@@ -1763,7 +1911,8 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                          int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
                          const at::opmath_type<scalar_t>* rstd, ParamRef weight, scalar_t* dx_ptr,
                          ParamGrads<at::opmath_type<scalar_t>> pg, at::Tensor& partials, const at::Tensor& acc_like,
-                         const MulArgs<scalar_t>& mul, int64_t M, int64_t H, cudaStream_t stream) {
+                         const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping,
+                         int64_t M, int64_t H, cudaStream_t stream) {
   const RowPlan& row = lp.row;
   const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
   bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
@@ -1775,11 +1924,13 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const auto kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
   const int64_t blocks = row_grid(kernel, row, M);
-  partials = at::empty({blocks, 4}, acc_like.options());
-  pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
+  if (grouping.offsets.ptr == nullptr) {
+    partials = at::empty({blocks, 4}, acc_like.options());
+    pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
+  }
   kernel<<<static_cast<unsigned>(blocks), row.threads, 0, stream>>>(g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride,
                                                                    !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok,
-                                                                   same_phase, pg, mul, M, H, row.G);
+                                                                   same_phase, pg, mul, grouping, M, H, row.G);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -1827,11 +1978,48 @@ unsigned int* arrival_counter(cudaStream_t stream) {
   return slot;
 }
 
-// One launch of the forward (kMul = false: polynorm::forward; true: mul_forward, with
-// `mul` read like x). Fills out [M, H] and rstd [M, 3]; argument checks are the caller's.
+// The extra tensors of a grouped launch (grouped_forward, grouped_backward; GroupArgs): the
+// launch's weight and bias are then [E, 3] and [E] or [E, 1].
+struct GroupTensors {
+  const at::Tensor& offsets;  // [E] int32 or int64 on x's device: cumulative end offsets
+  at::Tensor* row_terms;      // backward: [M, 4] opmath, filled with each row's terms
+};
+
+// A launch's GroupArgs: not grouped (offsets.ptr == nullptr) without `groups`.
+template <typename acc_t>
+GroupArgs<acc_t> group_args(const GroupTensors* groups, const at::Tensor& weight, const at::Tensor* bias) {
+  GroupArgs<acc_t> args{};
+  if (groups == nullptr) return args;
+  args.offsets = expert_offsets(groups->offsets);
+  args.w_expert_stride = weight.stride(0);
+  args.b_expert_stride = bias != nullptr ? bias->stride(0) : 0;
+  args.row_terms = groups->row_terms != nullptr ? groups->row_terms->mutable_data_ptr<acc_t>() : nullptr;
+  return args;
+}
+
+// The kernel's weight and bias: (3,) and (1,), or, grouped, [E, 3] and [E] / [E, 1], whose
+// ParamRef steps between w0, w1, w2 (GroupArgs steps between experts).
+ParamRef weight_ref(const at::Tensor& weight, const GroupTensors* groups) {
+  return groups != nullptr ? ParamRef{weight.const_data_ptr(), weight.stride(1), weight.scalar_type()}
+                           : param_ref(weight);
+}
+ParamRef bias_ref(const at::Tensor& bias, const GroupTensors* groups) {
+  return groups != nullptr ? ParamRef{bias.const_data_ptr(), 0, bias.scalar_type()} : param_ref(bias);
+}
+
+// launch_plan.h's choice, less the staged kernels for a grouped launch (they have no per-row
+// expert): the tiled kernels take those rows. Neither E nor M enters the choice.
+LaunchPlan grouped_plan(LaunchPlan lp, const GroupTensors* groups) {
+  if (groups != nullptr && lp.kind == KernelKind::kStaged) lp.kind = KernelKind::kTiled;
+  return lp;
+}
+
+// One launch of the forward (kMul = false: polynorm::forward, or grouped_forward with
+// `groups`; true: mul_forward, with `mul` read like x). Fills out [M, H] and rstd [M, 3];
+// argument checks are the caller's.
 template <bool kMul>
 void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& weight, const at::Tensor& bias,
-                    double eps, at::Tensor& out, at::Tensor& rstd) {
+                    double eps, at::Tensor& out, at::Tensor& rstd, const GroupTensors* groups = nullptr) {
   if (rows.M == 0) return;
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "polynorm.forward", [&] {
@@ -1848,13 +2036,15 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       mul.row_stride = mul_rows->row_stride;
       mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
     }
-    const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
+    const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, &bias);
+    const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
+    const LaunchPlan lp = grouped_plan(plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok), groups);
     if (lp.kind == KernelKind::kRow) {
       // PolyNorm's 2-byte builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
-            lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
-            param_ref(bias), mul, rows.M, rows.H, eps, stream);
+            lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
+            grouping, rows.M, rows.H, eps, stream);
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
@@ -1874,8 +2064,8 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       const dim3 block(lp.tiled.G, lp.tiled.rows);
       const int64_t grid = (rows.M + block.y - 1) / block.y;
       poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
-          x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), param_ref(weight),
-          param_ref(bias), mul, rows.M, rows.H, eps);
+          x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
+          grouping, rows.M, rows.H, eps);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
@@ -1883,11 +2073,13 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
 
 // One launch of the backward (kMul = false: polynorm::backward, g_rows = grad_y; true:
 // mul_backward, g_rows = grad_out, and grad_mul is written). Fills grad_x, grad_weight and
-// grad_bias (opmath sums); argument checks are the caller's.
+// grad_bias (opmath sums); argument checks are the caller's. Grouped (grouped_backward, with
+// `groups`): fills grad_x and groups->row_terms, and writes grad_weight and grad_bias only when
+// M = 0 (zeros); grouped_param_sums then sums the row terms per expert.
 template <bool kMul>
 void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_rows, const at::Tensor& weight,
                      const at::Tensor* bias, const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor* grad_mul,
-                     at::Tensor& grad_weight, at::Tensor& grad_bias) {
+                     at::Tensor& grad_weight, at::Tensor& grad_bias, const GroupTensors* groups = nullptr) {
   if (x_rows.M == 0) {
     grad_weight.zero_();
     grad_bias.zero_();
@@ -1914,30 +2106,35 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       mul.grad_vec_ok = aligned16(mul.grad_mul) && x_rows.H % kVec == 0;
       mul.bias = param_ref(*bias);
     }
-    const LaunchPlan lp = plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok);
+    const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, nullptr);
+    const ParamRef w_ref = weight_ref(weight, groups);
+    const LaunchPlan lp = grouped_plan(plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok), groups);
     const StagedPlan& plan = lp.staged;
     const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
     at::Tensor partials;  // O(M) at most: one [4] entry per block
     int64_t blocks = 0;
-    unsigned int* arrivals = arrival_counter(stream);
-    const auto param_grads = [&] {
-      return ParamGrads<acc_t>{partials.mutable_data_ptr<acc_t>(), arrivals, grad_weight.mutable_data_ptr<acc_t>(),
-                               grad_bias.mutable_data_ptr<acc_t>()};
+    // Grouped: no partials, no last block's sum, nothing written to grad_weight or grad_bias.
+    unsigned int* arrivals = groups == nullptr ? arrival_counter(stream) : nullptr;
+    acc_t* dw_ptr = groups == nullptr ? grad_weight.mutable_data_ptr<acc_t>() : nullptr;
+    acc_t* db_ptr = groups == nullptr ? grad_bias.mutable_data_ptr<acc_t>() : nullptr;
+    const auto param_grads = [&] {  // allocates the `blocks` partials (a grouped launch has none)
+      if (groups == nullptr) partials = at::empty({blocks, 4}, acc_like.options());
+      return ParamGrads<acc_t>{groups == nullptr ? partials.mutable_data_ptr<acc_t>() : nullptr, arrivals, dw_ptr,
+                               db_ptr};
     };
     if (lp.kind == KernelKind::kRow) {
       auto launch = [&](auto packs) {
         launch_backward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, g_vec_ok, x_vec_ok, dx_vec_ok, g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride,
-            rstd_c.const_data_ptr<acc_t>(), param_ref(weight), dx_ptr, ParamGrads<acc_t>{nullptr, arrivals,
-            grad_weight.mutable_data_ptr<acc_t>(), grad_bias.mutable_data_ptr<acc_t>()}, partials, acc_like, mul,
-            x_rows.M, x_rows.H, stream);
+            rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
+            partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
     } else if (lp.kind == KernelKind::kStaged) {
       const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
       blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);
-      partials = at::empty({blocks, 4}, acc_like.options());
+      TORCH_INTERNAL_ASSERT(groups == nullptr);  // grouped_plan: no staged launch
       poly_norm_bwd_kernel<scalar_t><<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
           g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
           dx_ptr, param_grads(), x_rows.M, x_rows.H, plan.geo);
@@ -1945,10 +2142,9 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
     } else {
       const dim3 block(lp.tiled.G, lp.tiled.rows);
       blocks = (x_rows.M + block.y - 1) / block.y;
-      partials = at::empty({blocks, 4}, acc_like.options());
       poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
           g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
-          param_ref(weight), dx_ptr, dx_vec_ok, param_grads(), mul, x_rows.M, x_rows.H);
+          w_ref, dx_ptr, dx_vec_ok, param_grads(), mul, grouping, x_rows.M, x_rows.H);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }
   });
