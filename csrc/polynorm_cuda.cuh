@@ -1856,8 +1856,8 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, int waves = 1) {
 }
 
 // The row kernel's forward launch for kPacks packs a thread. The grid: persistent for
-// aligned rows of up to 256 threads, a block per R rows otherwise (measured 6-9% faster
-// for realigned and long rows, bench/NOTES.md v5); `_tune_rows` overrides it.
+// aligned rows of 128-256 threads, a block per R rows otherwise (below); `_tune_rows`
+// overrides it.
 template <typename scalar_t, int kPacks, bool kMul>
 struct FwdRowBuild {
   template <int kLayout, int kMaxThreads>
@@ -1888,7 +1888,10 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                                   : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, true>;
     }
   }
-  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (layout == kAligned && row.G < 512 ? 1 : 0);
+  // Persistent for aligned rows of 128-256 threads, a block per R rows otherwise (tune_rows:
+  // 2-5% faster for short rows, 6-9% for realigned and long rows; bench/NOTES.md, v5).
+  const bool persistent = layout == kAligned && row.G >= 128 && row.G < 512;
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
   const int64_t grid = row_grid(kernel, row, M, waves);
   kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok,
                                                                  same_phase, rstd, weight, bias, mul, grouping, M, H,
