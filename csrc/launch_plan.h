@@ -18,10 +18,14 @@
 //   mul_forward        | longer              | tiled  | (no staged build of the fused op)
 //   mul_backward       | H <= 16384          | row    | x, grad_out and mul (2 packs each)
 //   mul_backward       | longer              | tiled  |
+//   grouped_*          | as forward/backward | row    | the same kernels, a per-row expert;
+//                      |                     | tiled  | where the table says staged (no
+//                      |                     |        | per-row expert there)
 //
-// Every choice depends on H, the dtype and the device's shared-memory limit, never on M,
-// so a row's bits do not depend on the batch it comes in. Misaligned rows (odd H, a view
-// that starts off a 16-byte boundary) take the same kernel in its realigning build.
+// Every choice depends on H, the dtype and the device's shared-memory limit, never on M
+// (nor on E), so a row's bits do not depend on the batch it comes in. Misaligned rows (odd
+// H, a view that starts off a 16-byte boundary) take the same kernel in a realigning build
+// (RowLayout: realigned, or same-phase when every tensor's rows start alike).
 #pragma once
 
 #include <algorithm>

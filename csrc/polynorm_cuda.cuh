@@ -9,15 +9,15 @@
 // its batch or on M):
 // - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row of up to 1024 * kPacks 16-byte
 //   packs (bf16: H <= 65536 forward, 32768 backward) is held in registers by G threads,
-//   read from device memory once; see "Row kernels (v4)" below. Almost every model runs here.
+//   read from device memory once; see "Row kernels (v5)" below. Almost every model runs here.
 // - Staged kernels (poly_norm_{fwd,bwd}_kernel): longer rows whose one-row stage still
 //   fits in shared memory, copied in with cp.async.
 // - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row, walked twice.
 // Common to all:
-// - Lane t of a row's group of G threads owns packs t, t + G, ..., so every warp access is
-//   coalesced; each per-thread sum runs over its packs in order and the group reduction
-//   has a fixed shape, set by (H, dtype): results are bitwise the same whatever the batch,
-//   the alignment of the row, or the run.
+// - Every warp access is 512 contiguous bytes (row kernels: a warp segment's lanes; tiled
+//   and staged: lane t of G owns packs t, t + G, ...); each per-thread sum runs over its
+//   packs in order and the group reduction has a fixed shape, set by (H, dtype): results
+//   are bitwise the same whatever the batch, the alignment of the row, or the run.
 // - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
 //   64-bit; dW and dB come from per-block partials that the backward's last block sums
 //   in block order (finish_param_grads): one launch, and the same bits on every run
@@ -1099,18 +1099,21 @@ __global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
 }
 
 // ----------------------------------------------------------------------------------
-// Row kernels (v4): a row held in registers by G threads with few threads a row and
+// Row kernels (v5): a row held in registers by G threads with few threads a row and
 // many bytes a thread (kPacks 16-byte packs: 128 bytes of x forward, 64 of x and 64 of
-// grad_y backward), so that an SM keeps ~128 KB of loads in flight with no barrier
+// grad_y backward), so that an SM keeps ~100 KB of loads in flight with no barrier
 // but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
 // every row of up to 1024 * kPacks packs.
-// - Lane t of a group owns packs t, t + G, ..., so every warp access is coalesced.
-// - A persistent grid walks blocks of R = threads / G rows.
-// - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned
-//   16-byte chunks: a lane's pack is realigned from its chunk and the next one, which
-//   the next lane holds (a shuffle); the last lane of a warp segment fetches its next
-//   chunk itself through cp.async into a shared-memory slot. Stores go the other way.
-//   The packs, and so the arithmetic and the bits, are the same as for aligned rows.
+// - The row's packs are split into warp segments (RowLane): every warp access is 512
+//   contiguous bytes, and the neighbour of a lane's pack is the next lane's.
+// - Blocks of R = threads / G rows; a grid-stride loop, persistent or a block per R rows
+//   (launch_forward_row says which).
+// - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned 16-byte
+//   chunks. Realigned build: a lane's pack is realigned from its chunk and the next one
+//   (a shuffle; past its segment, one more load), and stores go the other way, narrowly
+//   only at the row's ends and where segments meet. Same-phase build (every tensor's rows
+//   start alike): the elementwise part works on the chunks as loaded and only the sums
+//   see realigned packs. Either way the sums, and so the bits, are the aligned row's.
 // ----------------------------------------------------------------------------------
 
 // Blocks of the <= 256-thread builds that must fit an SM at once: 3 caps them at 80
