@@ -7,6 +7,7 @@ and the same dtype-derived tolerances.
 """
 
 import contextlib
+import dataclasses
 import hashlib
 import importlib.util
 import math
@@ -436,3 +437,54 @@ def traced_triton_launches(body: str) -> list[int]:
     assert child.returncode == 0, child.stdout + child.stderr
     (line,) = [line for line in child.stdout.splitlines() if line.startswith("LAUNCHES")]
     return [int(n) for n in line.split()[1:]]
+
+
+# eps in every form eager mode takes, for the torch.compile tests (tests/test_pt2.py,
+# tests/test_grouped.py). Dynamo turns a NumPy scalar into a 0-d tensor, and a tensor's value
+# is data the trace cannot see: the ops then read eps when the graph runs.
+EPS_FORMS = {
+    "float": lambda v: v,
+    "numpy.float32": lambda v: __import__("numpy").float32(v),
+    "numpy.float64": lambda v: __import__("numpy").float64(v),
+    "tensor-0d": lambda v: torch.tensor(v, dtype=torch.float64),
+}
+
+
+def compare_compiled_eps(run, fn, compiled, form: str, exact_first: bool) -> list:
+    """For eps = 1e-3 and then 0.5 in ``form`` (a second value: a tensor eps is a graph input
+    whose new value must be used), ``run(f, eps)`` gives a dataclass of outputs, the op's own
+    output first. Eager with the form equals eager with its float; the compiled outputs match
+    eager's, the first one bitwise when ``exact_first`` (the kernel backends). Returns
+    ``[(eps, compiled outputs)]``."""
+    results = []
+    for value in (1e-3, 0.5):
+        eps = EPS_FORMS[form](value)
+        eager, comp = run(fn, eps), run(compiled, eps)
+        names = [f.name for f in dataclasses.fields(eager)]
+        assert torch.equal(getattr(eager, names[0]), getattr(run(fn, float(eps)), names[0]))  # the form holds its float
+        for name in names:
+            got, exp = getattr(comp, name), getattr(eager, name)
+            if exact_first and name == names[0]:
+                assert torch.equal(got, exp), f"eps={eps!r}: {name} differs from eager"
+            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+        results.append((eps, comp))
+    return results
+
+
+def assert_second_device_matches_first(run):
+    """``run(device)`` gives a dataclass of outputs. Run on cuda:0, then on cuda:1 with cuda:0
+    current: the launchers' device guard must put every kernel and allocation on cuda:1
+    (nothing allocated on cuda:0), with bitwise cuda:0's results. Returns cuda:1's outputs."""
+    out0 = run("cuda:0")
+    torch.cuda.synchronize(0)
+    with torch.cuda.device(0):
+        before = torch.cuda.memory_allocated(0)
+        torch.cuda.reset_peak_memory_stats(0)
+        out1 = run("cuda:1")
+        torch.cuda.synchronize(1)
+        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
+    for name in (f.name for f in dataclasses.fields(out0)):
+        t0, t1 = getattr(out0, name), getattr(out1, name)
+        assert t1.device == torch.device("cuda:1"), name
+        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+    return out1

@@ -21,7 +21,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from _matrix import make_params, make_rows, requires_interpreter, requires_triton, run_backend
+from _matrix import (
+    assert_second_device_matches_first,
+    make_params,
+    make_rows,
+    requires_interpreter,
+    requires_triton,
+    run_backend,
+)
 
 import polynorm
 
@@ -117,19 +124,7 @@ def test_second_device_matches_first_bitwise(backend, H):
     x = make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen)
     g = make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen)
     w, b = make_params(torch.float32, "cpu", gen)
-    on = {dev: [t.to(dev) for t in (x, g, w, b)] for dev in ("cuda:0", "cuda:1")}
-    out0 = run_backend(backend, *on["cuda:0"], 1e-6)
-    torch.cuda.synchronize(0)
-    with torch.cuda.device(0):
-        before = torch.cuda.memory_allocated(0)
-        torch.cuda.reset_peak_memory_stats(0)
-        out1 = run_backend(backend, *on["cuda:1"], 1e-6)
-        torch.cuda.synchronize(1)
-        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
-    for name in ("y", "dx", "dw", "db"):
-        t0, t1 = getattr(out0, name), getattr(out1, name)
-        assert t1.device == torch.device("cuda:1"), name
-        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+    assert_second_device_matches_first(lambda dev: run_backend(backend, *(t.to(dev) for t in (x, g, w, b)), 1e-6))
 
 
 @requires_two_gpus

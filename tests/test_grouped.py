@@ -25,14 +25,16 @@ from _matrix import (
     BACKENDS,
     DEVICES,
     DTYPES,
+    EPS_FORMS,
     INTERPRET,
     LAYOUTS,
     ROOT,
     Grads,
-    _same_layout_leaf,
     assert_python_checks_match_cpp,
+    assert_second_device_matches_first,
     check_against_oracle,
     closed_form,
+    compare_compiled_eps,
     compute_eps,
     make_params,
     make_rows,
@@ -42,6 +44,7 @@ from _matrix import (
     requires_interpreter,
     requires_triton,
     run_readme_block,
+    _same_layout_leaf,
     seed_for,
 )
 
@@ -807,12 +810,7 @@ def test_compile_dynamic_rows_no_recompile(device, backend):
 # and a tensor's value is data the trace cannot see: the kernel backends then call
 # polynorm::grouped_forward_tensor_eps, the reference polynorm::checked_eps, each of which reads
 # and checks eps when the graph runs (as poly_norm and poly_norm_mul do: tests/test_pt2.py).
-EPS_FORMS = {
-    "float": lambda v: v,
-    "numpy.float32": lambda v: __import__("numpy").float32(v),
-    "numpy.float64": lambda v: __import__("numpy").float64(v),
-    "tensor-0d": lambda v: torch.tensor(v, dtype=torch.float64),
-}
+
 # (device, backend, torch.compile backend). On the CPU aot_eager (Dynamo and AOTAutograd,
 # whose graphs are recorded and inspected); on a GPU Inductor too.
 EPS_COMPILE_CASES = [
@@ -860,15 +858,7 @@ def test_compile_eps_forms(device, backend, compiler, form):
 
     compile_backend = _compile_backend(compiler)
     compiled = torch.compile(fn, backend=compile_backend, fullgraph=True)
-    for value in (1e-3, 0.5):
-        eps = EPS_FORMS[form](value)
-        eager, comp = run(fn, eps), run(compiled, eps)
-        assert torch.equal(eager.y, run(fn, float(eps)).y)  # eager: the form holds its float
-        for name in ("y", "dx", "dw", "db"):
-            got, exp = getattr(comp, name), getattr(eager, name)
-            if backend != "reference" and name == "y":
-                assert torch.equal(got, exp), f"eps={eps!r}: y differs from eager"
-            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+    for eps, comp in compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference"):
         check_grouped(comp, x, g, w, b, counts, eps=float(eps), what=f"compiled {device} {backend} eps={eps!r}")
     if compiler == "aot_eager" and form != "float":
         targets = {str(node.target) for gm in compile_backend.fw_graphs for node in gm.graph.nodes}
@@ -1058,18 +1048,7 @@ def test_second_device_matches_first_bitwise(backend, H, form):
         groups = {"counts": torch.tensor(counts, device=device)} if form == "counts" else {"offsets": offsets_of(counts, device)}
         return run_grouped(backend, x.to(device), g.to(device), w.to(device), b.to(device), **groups)
 
-    out0 = run("cuda:0")
-    torch.cuda.synchronize(0)
-    with torch.cuda.device(0):
-        before = torch.cuda.memory_allocated(0)
-        torch.cuda.reset_peak_memory_stats(0)
-        out1 = run("cuda:1")
-        torch.cuda.synchronize(1)
-        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
-    for name in ("y", "dx", "dw", "db"):
-        t0, t1 = getattr(out0, name), getattr(out1, name)
-        assert t1.device == torch.device("cuda:1"), name
-        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+    out1 = assert_second_device_matches_first(run)
     on_cpu = Grads(*(getattr(out1, name).cpu() for name in ("y", "dx", "dw", "db")))
     check_grouped(on_cpu, x, g, w, b, counts, what=f"{backend} on cuda:1")
 

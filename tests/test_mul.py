@@ -23,6 +23,7 @@ from _matrix import (
     DTYPES,
     LAYOUTS,
     assert_python_checks_match_cpp,
+    assert_second_device_matches_first,
     check_against_oracle_mul,
     closed_form_mul,
     floor_errors_mul,
@@ -460,19 +461,9 @@ def test_second_device_matches_first_bitwise(backend, H):
     gen = torch.Generator().manual_seed(seed_for("mul-second-device", backend, H))
     x, mul, g = (make_rows(33, H, torch.bfloat16, "cpu", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cpu", gen)
-    on = {dev: [t.to(dev) for t in (x, mul, g, w, b)] for dev in ("cuda:0", "cuda:1")}
-    out0 = run_backend_mul(backend, *on["cuda:0"], 1e-6)
-    torch.cuda.synchronize(0)
-    with torch.cuda.device(0):
-        before = torch.cuda.memory_allocated(0)
-        torch.cuda.reset_peak_memory_stats(0)
-        out1 = run_backend_mul(backend, *on["cuda:1"], 1e-6)
-        torch.cuda.synchronize(1)
-        assert torch.cuda.max_memory_allocated(0) == before, "allocated on cuda:0 for tensors on cuda:1"
-    for name in ("out", "dx", "dmul", "dw", "db"):
-        t0, t1 = getattr(out0, name), getattr(out1, name)
-        assert t1.device == torch.device("cuda:1"), name
-        assert torch.equal(t0.cpu(), t1.cpu()), f"{name} differs between cuda:0 and cuda:1"
+    assert_second_device_matches_first(
+        lambda dev: run_backend_mul(backend, *(t.to(dev) for t in (x, mul, g, w, b)), 1e-6)
+    )
 
 
 @requires_two_gpus

@@ -33,9 +33,12 @@ from torch import nn
 
 import polynorm
 from _matrix import (
+    EPS_FORMS,
     HAS_CUDA,
     Grads,
+    MulGrads,
     check_against_oracle,
+    compare_compiled_eps,
     make_params,
     make_rows,
     requires_cuda,
@@ -187,15 +190,8 @@ def test_compile_block_fullgraph(device, backend):
 
 # Issue 16: eps as every form eager mode accepts, compiled. Dynamo turns a NumPy scalar
 # into a 0-d tensor, and a tensor's value is data the trace cannot see: the kernel backends
-# then call polynorm::forward_tensor_eps, which reads eps when the graph runs.
-EPS_FORMS = {
-    "float": lambda v: v,
-    "numpy.float32": lambda v: __import__("numpy").float32(v),
-    "numpy.float64": lambda v: __import__("numpy").float64(v),
-    "tensor-0d": lambda v: torch.tensor(v, dtype=torch.float64),
-}
-
-
+# then call polynorm::forward_tensor_eps, which reads eps when the graph runs (the forms:
+# tests/_matrix.py's EPS_FORMS).
 @pytest.mark.parametrize("form", list(EPS_FORMS))
 @pytest.mark.parametrize(
     "device,backend", CASES + [pytest.param("cuda", "auto", marks=requires_cuda, id="cuda-auto")]
@@ -216,16 +212,7 @@ def test_compile_eps_forms(device, backend, form):
         return Grads(y.detach(), *torch.autograd.grad(y, args, g))
 
     compiled = torch.compile(fn, fullgraph=True)
-    # A second value: a tensor eps is an input of the graph, whose new value must be used.
-    for value in (1e-3, 0.5):
-        eps = EPS_FORMS[form](value)
-        eager, comp = run(fn, eps), run(compiled, eps)
-        assert torch.equal(eager.y, run(fn, float(eps)).y)  # eager: the form holds its float
-        for name in ("y", "dx", "dw", "db"):
-            got, exp = getattr(comp, name), getattr(eager, name)
-            if backend != "reference" and name == "y":
-                assert torch.equal(got, exp), f"eps={eps!r}: y differs from eager"
-            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference")
 
 
 @pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
@@ -809,17 +796,10 @@ def test_compile_mul_eps_forms(device, backend, form):
     def run(f, eps):
         args = [t.detach().clone().requires_grad_(True) for t in (x, mul, w, b)]
         out = f(*args, eps)
-        return [out.detach(), *torch.autograd.grad(out, args, g)]
+        return MulGrads(out.detach(), *torch.autograd.grad(out, args, g))
 
     compiled = torch.compile(fn, fullgraph=True)
-    for value in (1e-3, 0.5):
-        eps = EPS_FORMS[form](value)
-        eager, comp = run(fn, eps), run(compiled, eps)
-        assert torch.equal(eager[0], run(fn, float(eps))[0])
-        for i, (got, exp) in enumerate(zip(comp, eager)):
-            if backend != "reference" and i == 0:
-                assert torch.equal(got, exp), f"eps={eps!r}: out differs from eager"
-            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} output {i}: {m}")
+    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference")
 
 
 @pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
