@@ -43,6 +43,10 @@ constexpr int kRowMulFwdPacks = 4;   // x and mul
 constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
 constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
 constexpr int kRowMaxThreads = 1024;
+// Clusters (sm_90): rows needing more than kRowClusterCtaThreads threads are split over up to
+// kRowMaxCluster CTAs (8: the portable cluster size, which every sm_90 device launches).
+constexpr int kRowClusterCtaThreads = 1024;
+constexpr int kRowMaxCluster = 8;
 
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread for
 // PolyNorm's forward and backward (bf16 and fp16 only; 0 = the table's), and the forward's
@@ -55,6 +59,8 @@ struct RowTuning {
   int grid_waves;
   bool prefetch;    // forward, aligned 2-byte rows: the next row's loads in flight (kPrefetch)
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
+  int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
+  int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
 };
 RowTuning row_tuning();
 
@@ -74,8 +80,9 @@ enum class KernelKind { kAuto, kRow, kStaged, kTiled };
 
 struct RowPlan {
   bool ok;
-  int G;        // threads a row
-  int threads;  // threads a block: max(G, kRowMinThreads)
+  int G;        // threads a row in one CTA
+  int threads;  // threads a block: R * G
+  int cluster;  // CTAs a row: 1, or a thread-block cluster of 2-16 CTAs of G threads each
 };
 
 struct StagedGeometry {
@@ -109,16 +116,42 @@ struct LaunchPlan {
 // read once: a power of two up to 32 (several rows a warp), then a multiple of 32 (H = 5125
 // bf16 forward takes 96 threads, 16385 takes 288: not 128 and 512). Blocks of R = 128 / G
 // rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
-// are short), else of one row. Not ok past kRowMaxThreads threads a row.
-inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread) {
+// are short), else of one row.
+// A row that needs more than `cta_threads` threads is split over a thread-block cluster:
+// the fewest CTAs (a power of two, at most `max_cluster`) of at most cta_threads threads
+// each (a multiple of 32), which add their partial sums through distributed shared memory.
+// Not ok when even then a CTA would need more than kRowMaxThreads.
+inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int cta_threads = kRowMaxThreads,
+                        int max_cluster = 1) {
   const int64_t packs = (H * elem_size + 15) / 16;
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
   while (G < need && G < 32) G *= 2;
   if (G < need) G = (need + 31) / 32 * 32;
-  if (G > kRowMaxThreads) return {false, 0, 0};
+  if (G > cta_threads && max_cluster > 1) {
+    int64_t C = 2;
+    while (C < max_cluster && (need + C - 1) / C > cta_threads) C *= 2;
+    const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
+    if (per_cta > kRowMaxThreads) return {false, 0, 0, 0};
+    return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
+  }
+  if (G > kRowMaxThreads) return {false, 0, 0, 0};
   const int64_t rows = G < kRowMinThreads && kRowMinThreads % G == 0 ? kRowMinThreads / G : 1;
-  return {true, static_cast<int>(G), static_cast<int>(rows * G)};
+  return {true, static_cast<int>(G), static_cast<int>(rows * G), 1};
+}
+
+// The row kernels' CTA size before a row is split over a cluster, and the largest cluster
+// (both tunable: _tune_rows). `clusters`: the device launches clusters (sm_90 and later).
+inline int row_cta_threads(bool backward, bool mul, int64_t H, int elem_size) {
+  const RowTuning t = row_tuning();
+  if (t.cta_threads > 0) return t.cta_threads;
+  (void)backward, (void)mul, (void)H, (void)elem_size;
+  return kRowClusterCtaThreads;
+}
+inline int row_max_cluster(bool clusters) {
+  if (!clusters) return 1;
+  const RowTuning t = row_tuning();
+  return t.max_cluster > 0 ? t.max_cluster : kRowMaxCluster;
 }
 
 // Packs a thread of the row kernels for one op and element size (the tuning applies to
@@ -169,10 +202,11 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 // `forced` (a benchmark's or a test's choice, _force_kernel) picks another family when
 // that family can serve the row; otherwise the table's choice stands.
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned,
-                              int64_t smem_limit, KernelKind forced = KernelKind::kAuto) {
+                              int64_t smem_limit, KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
   plan.packs = row_packs(backward, mul, H, elem_size);
-  plan.row = row_plan(H, elem_size, plan.packs);
+  plan.row = row_plan(H, elem_size, plan.packs, row_cta_threads(backward, mul, H, elem_size),
+                      row_max_cluster(clusters));
   plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kRow && plan.row.ok) {
@@ -191,7 +225,8 @@ inline std::string describe(const LaunchPlan& p) {
   switch (p.kind) {
     case KernelKind::kRow:
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
-             " packs=" + std::to_string(p.packs);
+             " packs=" + std::to_string(p.packs) +
+             " cluster=" + std::to_string(p.row.cluster);
     case KernelKind::kStaged:
       return "staged R=" + std::to_string(p.staged.geo.rows) + " threads=" + std::to_string(p.staged.threads) +
              " buffers=" + std::to_string(p.staged.geo.buffers) + " smem=" + std::to_string(p.staged.smem);

@@ -187,31 +187,44 @@ std::atomic<int> g_bwd_packs{0};
 std::atomic<int> g_grid_waves{-1};
 std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
+std::atomic<int> g_cta_threads{0};
+std::atomic<int> g_max_cluster{0};
 
 // Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4 or 8;
 // backward: 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
 // at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
-// row (aligned 2-byte rows of 4 packs a thread) and the same-phase path of misaligned rows.
+// row (aligned 2-byte rows of 4 packs a thread), the same-phase path of misaligned rows, the
+// most threads of a row in one CTA before the row is split over a thread-block cluster, and
+// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits).
 // Process-wide; _tune_rows() restores the defaults.
-void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase) {
+void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase,
+               int64_t cta_threads, int64_t max_cluster) {
   TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8,
                     "polynorm._tune_rows: expected fwd_packs to be 0, 4 or 8, got ", num(fwd_packs));
   TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 4, "polynorm._tune_rows: expected bwd_packs to be 0 or 4, got ",
                     num(bwd_packs));
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
+  TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
+                    "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, ",
+                    kRowMaxThreads, "], got ", num(cta_threads));
+  TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
+                        max_cluster == 8 || max_cluster == 16,
+                    "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
   g_fwd_packs.store(static_cast<int>(fwd_packs));
   g_bwd_packs.store(static_cast<int>(bwd_packs));
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_prefetch.store(prefetch);
   g_same_phase.store(same_phase);
+  g_cta_threads.store(static_cast<int>(cta_threads));
+  g_max_cluster.store(static_cast<int>(max_cluster));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=...", "staged ..." or
 // "tiled ...". Computed on the host (no GPU needed); smem_limit is the dynamic shared memory
 // a block may use (the H200's default).
 std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtype, bool out_misaligned,
-                           int64_t smem_limit) {
+                           int64_t smem_limit, bool clusters) {
   TORCH_CHECK_VALUE(op == "forward" || op == "backward" || op == "mul_forward" || op == "mul_backward",
                     "polynorm._launch_plan: expected op to be forward, backward, mul_forward or mul_backward, got '",
                     op, "'");
@@ -220,7 +233,7 @@ std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtyp
   const bool backward = op == "backward" || op == "mul_backward";
   const bool mul = op.rfind("mul_", 0) == 0;
   return describe(plan_launch(backward, mul, H, static_cast<int>(c10::elementSize(dtype)), out_misaligned, smem_limit,
-                              forced_kernel()));
+                              forced_kernel(), clusters));
 }
 
 // Grouped ops: weight [E, 3] with E >= 1, offsets [E] of int32 or int64. Returns E.
@@ -252,7 +265,8 @@ KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load
 RowTuning row_tuning() {
   return {g_fwd_packs.load(std::memory_order_relaxed), g_bwd_packs.load(std::memory_order_relaxed),
           g_grid_waves.load(std::memory_order_relaxed), g_prefetch.load(std::memory_order_relaxed),
-          g_same_phase.load(std::memory_order_relaxed)};
+          g_same_phase.load(std::memory_order_relaxed), g_cta_threads.load(std::memory_order_relaxed),
+          g_max_cluster.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -285,10 +299,12 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
-  m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True) -> ()", &polynorm::tune_rows);
-  // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays.
-  m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872) -> str",
-        &polynorm::launch_plan_op);
+  m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True, "
+        "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
+  // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays. `clusters`:
+  // the device launches thread-block clusters (sm_90 and later), as an H200 does.
+  m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872, "
+        "bool clusters=True) -> str", &polynorm::launch_plan_op);
   // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
   m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
   // grad_weight (3,) and grad_bias (1,) are accumulated and returned in fp32 (fp64 for fp64 x), the

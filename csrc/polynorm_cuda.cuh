@@ -36,6 +36,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -1143,13 +1144,18 @@ struct RowLane {
   int seg_end;  // first pack past the segment: base of the next segment's lane 0
 };
 
+// A row of C > 1 CTAs (a thread-block cluster, C consecutive blocks): CTA `rank` holds lanes
+// [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
+// load/store code are those of one CTA of C G threads.
 template <int kPacks>
-__device__ __forceinline__ RowLane row_lane(int G) {
-  const int lane = threadIdx.x % G;
-  const int W = G < 32 ? G : 32;
+__device__ __forceinline__ RowLane row_lane(int G, int C) {
+  const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
+  const int lane = rank * G + static_cast<int>(threadIdx.x) % G;
+  const int Gt = G * C;
+  const int W = Gt < 32 ? Gt : 32;
   const int j = lane % W;
   const int seg = lane / W;
-  return RowLane{lane, G, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
+  return RowLane{lane, Gt, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
 }
 
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
@@ -1184,7 +1190,7 @@ __device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
 // last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
 // tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
 // pack's index, and the segment's last lane also the chunk after its segment (`ext`).
-// kMayBeEmpty (the builds with a grouped path): H may be 0, which loads nothing (every pack
+// kMayBeEmpty (the grouped builds, kGrouped): H may be 0, which loads nothing (every pack
 // zero): a grouped row of no expert.
 template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
@@ -1387,10 +1393,51 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// Forward, row kernel. blockDim.x = R * G.
+// Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
+// 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
+// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N], written
+// through distributed shared memory by lanes 0..C-1), then one cluster barrier, then every
+// lane adds all C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor
+// tree. The tree depends only on C G. Double-buffered by row parity like row_reduce: a CTA
+// writes a peer's slots of parity p again only after passing the next row's barrier, which
+// the peer reaches only after it has read them.
+template <int N, typename acc_t>
+__device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
+                                                   int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  const int warps = rl.G / 32;
+  acc_t* buffer = slots + parity * warps * N;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (lane < C) {
+    acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = v[k];
+  }
+  cluster.sync();  // barrier.cluster arrive.release + wait.acquire: every slot written
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    acc_t total = acc_t(0);
+    for (int w = lane; w < warps; w += 32) total += buffer[w * N + k];
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    v[k] = total;
+  }
+#else
+  __trap();  // clusters are launched on sm_90 and later only (plan_for)
+#endif
+}
+
+// Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
+// of C (R = 1).
 // kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
 // row is reduced and stored, into a second set of registers.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kPrefetch = false>
+// kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
@@ -1407,10 +1454,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     int64_t M,
     int64_t H,
     double eps,
-    int G) {
+    int G,
+    int C) {                                       // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
+  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][3]
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kRealigned, rows realigned on load and
   // store; kSamePhase, rows that start alike in every tensor (realigned_pack).
@@ -1419,10 +1468,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const bool y_realign = kLayout == kRealigned && y_realign_arg;
   const bool same_phase = kLayout == kSamePhase && same_phase_arg;
 
-  const RowLane rl = row_lane<kPacks>(G);
+  const RowLane rl = row_lane<kPacks>(G, C);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
-  const bool last_segment = rl.lane / rl.W + 1 == G / rl.W;
+  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
+  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // the block's rows: R from cluster_id R
+  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
@@ -1433,25 +1484,25 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   // all zeros); it then computes with zero parameters and rstd: y = 0. The expert's
   // parameters are read late (during the row's reduction), so that only the expert's index
   // is live while the row is in registers.
-  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
   const auto expert_of_row = [&](int64_t row) {
     return row < M ? static_cast<int>(expert_of(grouping.offsets, row)) : E;
   };
 
   static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
-  const int64_t step = int64_t(gridDim.x) * R;
+  const int64_t step = clusters * R;
   Pack ahead[kPrefetch ? kPacks : 1];
   Pack ext;
   int ahead_expert = 0;  // kPrefetch, grouped: the expert of the row in `ahead`
   if constexpr (kPrefetch) {
-    const int64_t row = int64_t(blockIdx.x) * R + group;
+    const int64_t row = cluster_id * R + group;
     if (grouped) ahead_expert = expert_of_row(row);
-    issue_row<scalar_t, kPacks, !kMul>(ahead, ext, x + (row < M ? row : 0) * x_row_stride,
+    issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (row < M ? row : 0) * x_row_stride,
                                 grouped && ahead_expert == E ? 0 : H, rl, false);
   }
   int parity = 0;
-  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += step, parity ^= 1) {
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
@@ -1464,10 +1515,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
       for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
       const int64_t next = row + step;
       if (grouped) ahead_expert = expert_of_row(next);
-      issue_row<scalar_t, kPacks, !kMul>(ahead, ext, x + (next < M ? next : 0) * x_row_stride,
+      issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (next < M ? next : 0) * x_row_stride,
                                   grouped && ahead_expert == E ? 0 : H, rl, false);
     } else {
-      issue_row<scalar_t, kPacks, !kMul>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+      issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     }
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
@@ -1509,7 +1560,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
     if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
-    row_reduce<3>(s, red[parity], rl);
+    if (C > 1) {
+      cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+    } else {
+      row_reduce<3>(s, red[parity], rl);
+    }
 
     // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
     acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
@@ -1559,7 +1614,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, 2 * kPacks)) poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
@@ -1577,21 +1632,26 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,
     int64_t H,
-    int G) {
+    int G,
+    int C) {                                             // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
+  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][4]
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool g_realign = kLayout == kRealigned && g_realign_arg;
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
   const bool same_phase = kLayout == kSamePhase && same_phase_arg;
 
-  const RowLane rl = row_lane<kPacks>(G);
+  const RowLane rl = row_lane<kPacks>(G, C);
   const int R = blockDim.x / G;
   const int group = threadIdx.x / G;
-  const bool last_segment = rl.lane / rl.W + 1 == G / rl.W;
+  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
+  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // as in forward
+  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
+  const bool rank0 = rl.lane < G;  // the row's first CTA: its parameter-gradient terms
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2);
@@ -1600,12 +1660,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   // Grouped (GroupArgs): the row's expert, searched before its loads are issued, its weights
   // read during the reduction (as in forward). A row of no expert is not read (x, grad_y and
   // rstd): it computes on zeros with zero weights and rstd, so grad_x = 0 and its row terms 0.
-  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   int parity = 0;
-  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += int64_t(gridDim.x) * R, parity ^= 1) {
+  for (int64_t first = cluster_id * R; first < M; first += clusters * R, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
@@ -1622,8 +1682,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     Pack xb[kPacks];
     Pack gb[kPacks];
     Pack x_ext, g_ext;
-    issue_row<scalar_t, kPacks, !kMul>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-    issue_row<scalar_t, kPacks, !kMul>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
@@ -1677,7 +1737,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
     if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
-    row_reduce<4>(s, red[parity], rl);
+    if (C > 1) {
+      cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+    } else {
+      row_reduce<4>(s, red[parity], rl);
+    }
 
     if (grouped) {
       // The row's share of its expert's [dw0, dw1, dw2, db]: the terms `part` adds below.
@@ -1687,7 +1751,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
         grouping.row_terms[row * 4 + 2] = r1 * s[0];
         grouping.row_terms[row * 4 + 3] = s[3];
       }
-    } else if (active) {
+    } else if (active && rank0) {  // a cluster's other CTAs add nothing: their partials stay 0
       part[0] += r3 * s[2];
       part[1] += r2 * s[1];
       part[2] += r1 * s[0];
@@ -1752,7 +1816,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
   // The block's partial: its groups in order (each group's rows already in order).
-  if (rl.lane == 0) {
+  if (threadIdx.x % G == 0) {
 #pragma unroll
     for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
   }
@@ -1784,11 +1848,30 @@ int64_t dynamic_smem_limit() {
 // launch_plan.h's choice for this launch. The shared-memory limit (a device query) is
 // looked up only when a staged kernel may be chosen: rows too long for the row kernels,
 // or a forced staged kernel.
+// Whether the current device launches thread-block clusters (sm_90 and later), cached.
+bool device_launches_clusters() {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device));
+  cache.emplace(device, value != 0);
+  return value != 0;
+}
+
 LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
   const KernelKind forced = forced_kernel();
-  const bool staged_possible =
-      !mul && (forced == KernelKind::kStaged || !row_plan(H, elem_size, row_packs(backward, mul, H, elem_size)).ok);
-  return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced);
+  const bool clusters = device_launches_clusters();
+  const bool row_ok = row_plan(H, elem_size, row_packs(backward, mul, H, elem_size),
+                               row_cta_threads(backward, mul, H, elem_size), row_max_cluster(clusters))
+                          .ok;
+  const bool staged_possible = !mul && (forced == KernelKind::kStaged || !row_ok);
+  return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced,
+                     clusters);
 }
 
 // Persistent grid: as many blocks as fit on the device at once, at most one per stage.
@@ -1849,13 +1932,84 @@ bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int
          (a_stride * size) % 16 == (b_stride * size) % 16;
 }
 
-// `waves`: at most this many blocks per resident slot (1: a persistent grid); 0: a block
-// per R rows, scheduled by the hardware.
+// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums].
+size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
+  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
+}
+
+// The launch configuration of a row kernel's grid: clusters of plan.cluster CTAs when > 1.
+struct RowLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+};
+
+RowLaunch row_launch(const RowPlan& plan, int64_t grid, size_t smem, cudaStream_t stream) {
+  RowLaunch launch;
+  launch.config.gridDim = dim3(static_cast<unsigned>(grid));
+  launch.config.blockDim = dim3(static_cast<unsigned>(plan.threads));
+  launch.config.dynamicSmemBytes = smem;
+  launch.config.stream = stream;
+  launch.cluster.id = cudaLaunchAttributeClusterDimension;
+  launch.cluster.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+  launch.cluster.val.clusterDim.y = 1;
+  launch.cluster.val.clusterDim.z = 1;
+  launch.config.attrs = &launch.cluster;
+  launch.config.numAttrs = 1;
+  return launch;
+}
+
+// Clusters of a row kernel resident on the device at once (cached per device, kernel and
+// geometry); clusters of more than 8 CTAs (not portable) are allowed for the kernel first.
+// Zero when the device cannot place one such cluster: plan_row_launch's error.
 template <typename Kernel>
-int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, int waves = 1) {
+int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  using Key = std::tuple<int, const void*, int, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (plan.cluster > 8) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  const RowLaunch launch = row_launch(plan, plan.cluster, smem, nullptr);
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
+  cache.emplace(key, clusters);
+  return clusters;
+}
+
+// `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
+// a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
+// plan.cluster.
+template <typename Kernel>
+int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int waves = 1) {
   const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  if (plan.cluster > 1) {
+    const int64_t resident = resident_clusters(kernel, plan, smem);
+    TORCH_CHECK(resident > 0, "polynorm: this device cannot run a cluster of ", plan.cluster, " blocks of ",
+                plan.threads, " threads (rows of ", plan.cluster * plan.G, " threads); _tune_rows sets smaller clusters");
+    const int64_t clusters = waves == 0 ? row_blocks : std::min<int64_t>(row_blocks, waves * resident);
+    return std::max<int64_t>(1, clusters) * plan.cluster;
+  }
   if (waves == 0) return std::max<int64_t>(1, row_blocks);
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
+}
+
+// Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
+template <typename... Params, typename... Args>
+void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  if (plan.cluster == 1) {
+    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const RowLaunch launch = row_launch(plan, grid, smem, stream);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 
 // The row kernel's forward launch for kPacks packs a thread. The grid: persistent for
@@ -1865,7 +2019,11 @@ template <typename scalar_t, int kPacks, bool kMul>
 struct FwdRowBuild {
   template <int kLayout, int kMaxThreads>
   struct Of {
-    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul>; }
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+  };
+  template <int kLayout, int kMaxThreads>
+  struct Grouped {
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
   };
 };
 
@@ -1880,26 +2038,28 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
-  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
+  auto kernel = grouped ? row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout)
+                        : row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
   bool prefetch = false;
   if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
     // 2-byte rows of 4 packs a thread: the next row's loads in flight while this one is
     // reduced (measured 1-7% faster, bench/NOTES.md v5).
-    prefetch = layout == kAligned && tuning.prefetch;
+    prefetch = layout == kAligned && tuning.prefetch && !grouped;
     if (prefetch) {
-      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, true>
-                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, true>;
+      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, true>
+                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, false, true>;
     }
   }
   // Persistent for aligned rows of 128-256 threads, a block per R rows otherwise (tune_rows:
-  // 2-5% faster for short rows, 6-9% for realigned and long rows; bench/NOTES.md, v5).
-  const bool persistent = layout == kAligned && row.G >= 128 && row.G < 512;
+  // 2-5% faster for short rows, 6-9% for realigned and long rows; bench/NOTES.md, v5); a
+  // cluster per row for rows of clusters.
+  const bool persistent = layout == kAligned && row.G >= 128 && row.G < 512 && row.cluster == 1;
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
-  const int64_t grid = row_grid(kernel, row, M, waves);
-  kernel<<<static_cast<unsigned>(grid), row.threads, 0, stream>>>(x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok,
-                                                                 same_phase, rstd, weight, bias, mul, grouping, M, H,
-                                                                 eps, row.G);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
+  const int64_t grid = row_grid(kernel, row, M, smem, waves);
+  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, same_phase, rstd,
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
 }
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
@@ -1908,7 +2068,11 @@ template <typename scalar_t, int kPacks, bool kMul>
 struct BwdRowBuild {
   template <int kLayout, int kMaxThreads>
   struct Of {
-    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul>; }
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+  };
+  template <int kLayout, int kMaxThreads>
+  struct Grouped {
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
   };
 };
 
@@ -1928,16 +2092,17 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                  same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
   }
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
-  const auto kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
-  const int64_t blocks = row_grid(kernel, row, M);
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
+  const auto kernel = grouped ? row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout)
+                              : row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
+  const int64_t blocks = row_grid(kernel, row, M, smem);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
-  kernel<<<static_cast<unsigned>(blocks), row.threads, 0, stream>>>(g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride,
-                                                                   !x_vec_ok, rstd, weight, dx_ptr, !dx_vec_ok,
-                                                                   same_phase, pg, mul, grouping, M, H, row.G);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
+                    weight, dx_ptr, !dx_vec_ok, same_phase, pg, mul, grouping, M, H, row.G, row.cluster);
 }
 
 // Arrival counters for the backward's last-block reduction (finish_param_grads), in static

@@ -19,7 +19,14 @@ import polynorm  # noqa: F401  (registers the ops)
 plan = torch.ops.polynorm._launch_plan
 force = torch.ops.polynorm._force_kernel
 
-# (op, dtype, the longest row the row kernels hold): 1024 threads x packs x elements a pack.
+# csrc/launch_plan.h: a row of more than CTA_THREADS threads is split over a cluster of up to
+# MAX_CLUSTER CTAs on devices that launch clusters (sm_90 and later; `clusters=False`: older ones).
+CTA_THREADS = 1024  # kRowClusterCtaThreads
+MAX_CLUSTER = 8  # kRowMaxCluster
+HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+# (op, dtype, the longest row one CTA of the row kernels holds): 1024 threads x packs x
+# elements a pack. With clusters, MAX_CLUSTER times as long.
 ROW_LIMITS = [
     ("forward", torch.bfloat16, 1024 * 8 * 8),
     ("forward", torch.float32, 1024 * 8 * 4),
@@ -39,9 +46,10 @@ def fields(text: str) -> dict:
 
 @pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
 def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
+    # Without clusters (devices before sm_90): one CTA a row, up to 1024 threads.
     elem = torch.finfo(dtype).bits // 8
     for H in (1, 3, 769, limit // 3, limit - 1, limit):
-        text = plan(op, H, dtype)
+        text = plan(op, H, dtype, clusters=False)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
         packs = -(-H * elem // 16)
@@ -54,19 +62,52 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
             assert G % 32 == 0 and G - 32 < need, (H, text)
         # 128-thread blocks of several rows where G divides 128, else one row a block
         assert f["threads"] == (128 if 128 % G == 0 else G), (H, text)
-    longer = plan(op, limit + 1, dtype)
+        assert f["cluster"] == 1, text
+    longer = plan(op, limit + 1, dtype, clusters=False)
     assert not longer.startswith("row "), (op, dtype, longer)
     if op.startswith("mul_"):
         assert longer.startswith("tiled "), longer  # the fused op has no staged build
 
 
+@pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
+def test_long_rows_split_over_clusters(op, dtype, limit):
+    # With clusters: rows of up to CTA_THREADS threads as without; longer ones on the fewest
+    # CTAs (a power of two up to MAX_CLUSTER) of at most CTA_THREADS threads each (a multiple
+    # of 32), one row a block, together covering the row; longer still, staged or tiled.
+    elem = torch.finfo(dtype).bits // 8
+    longest = limit * MAX_CLUSTER
+    for H in (769, limit * CTA_THREADS // 1024, limit * CTA_THREADS // 1024 + 1, limit + 1, 3 * limit + 5, longest):
+        text = plan(op, H, dtype)
+        assert text.startswith("row "), (op, dtype, H, text)
+        f = fields(text)
+        need = -(-(-(-H * elem // 16)) // f["packs"])  # threads that cover the row
+        C = f["cluster"]
+        if need <= CTA_THREADS:
+            assert C == 1 and text == plan(op, H, dtype, clusters=False), (H, text)
+            continue
+        assert C in (2, 4, 8, 16) and C <= MAX_CLUSTER, (H, text)
+        assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
+        assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
+        assert f["G"] <= CTA_THREADS or C == MAX_CLUSTER, (H, text)
+        assert C == 2 or -(-need // (C // 2)) > CTA_THREADS, (H, text)  # the fewest CTAs
+    assert not plan(op, longest + 8 * 16, dtype).startswith("row "), (op, dtype)
+    # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
+    try:
+        torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
+        f = fields(plan(op, 4 * limit // 1024 * 64, dtype))  # 4 x 64 threads' worth
+        assert (f["cluster"], f["G"]) == (4, 64), f
+    finally:
+        torch.ops.polynorm._tune_rows()
+
+
 def test_long_rows_go_staged_while_a_stage_fits_then_tiled():
-    assert plan("forward", 65537, torch.bfloat16).startswith("staged ")
+    # Without clusters; with them, the row kernels hold these rows (above).
+    assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("staged ")
     # A one-row stage of two inputs with H = 2^20 bf16 needs 4 MB: no shared memory holds it.
     assert plan("backward", 1 << 20, torch.bfloat16).startswith("tiled ")
     # With no shared memory at all, nothing is staged.
-    assert plan("forward", 65537, torch.bfloat16, smem_limit=0).startswith("tiled ")
-    f = fields(plan("forward", 65537, torch.bfloat16))
+    assert plan("forward", 65537, torch.bfloat16, smem_limit=0, clusters=False).startswith("tiled ")
+    f = fields(plan("forward", 65537, torch.bfloat16, clusters=False))
     assert f["smem"] <= 207872 and 1 <= f["buffers"] <= 3
 
 
@@ -78,7 +119,7 @@ def test_force_kernel_picks_a_family_where_it_can_serve(kind):
         assert plan("backward", 4096, torch.float32).startswith(kind + " ")
         # Where the forced family cannot serve the row, the table's choice stands.
         if kind == "row":
-            assert plan("forward", 65537, torch.bfloat16).startswith("staged ")
+            assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("staged ")
         if kind == "staged":
             assert plan("mul_forward", 4096, torch.bfloat16).startswith("row ")
     finally:
@@ -169,7 +210,8 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
     finally:
         tune()
     assert fields(plan("forward", 4096, torch.bfloat16)) == default
-    for args, name in [((2, 0, 1), "fwd_packs"), ((0, 2, 1), "bwd_packs"), ((0, 0, -2), "grid_waves")]:
+    for args, name in [((2, 0, 1), "fwd_packs"), ((0, 2, 1), "bwd_packs"), ((0, 0, -2), "grid_waves"),
+                       ((0, 0, -1, True, True, 48), "cta_threads"), ((0, 0, -1, True, True, 0, 3), "max_cluster")]:
         with pytest.raises(ValueError, match=f"polynorm._tune_rows: expected .*{name}"):
             tune(*args)
 
@@ -182,11 +224,12 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
 MUL_ROW_PACKS = {"mul_forward": 4, "mul_backward": 2}  # csrc/launch_plan.h: kRowMulFwdPacks, kRowMulBwdPacks
 
 
-def mul_family(op: str, H: int, dtype: torch.dtype, forced: str) -> str:
+def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool = True) -> str:
     """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
-    the row build while the row fits 1024 threads' packs of x, mul (and grad_out), unless
-    tiled is forced; the tiled build otherwise."""
-    fits = H * (torch.finfo(dtype).bits // 8) <= 1024 * MUL_ROW_PACKS[op] * 16
+    the row build while the row fits 1024 threads' packs of x, mul (and grad_out), or a
+    cluster of MAX_CLUSTER such CTAs, unless tiled is forced; the tiled build otherwise."""
+    ctas = MAX_CLUSTER if clusters else 1
+    fits = H * (torch.finfo(dtype).bits // 8) <= ctas * 1024 * MUL_ROW_PACKS[op] * 16
     return "row" if fits and forced != "tiled" else "tiled"
 
 
@@ -198,11 +241,14 @@ def test_mul_ops_forced_families(op, kind):
         force(kind)
         for dtype in (torch.bfloat16, torch.float32, torch.float64):
             limit = 1024 * MUL_ROW_PACKS[op] * 16 // (torch.finfo(dtype).bits // 8)
-            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000):
-                expected = mul_family(op, H, dtype, kind)
-                assert plan(op, H, dtype).startswith(expected + " "), (op, kind, dtype, H, plan(op, H, dtype))
-                # The output's alignment never changes the fused op's family (it has no staged build).
-                assert plan(op, H, dtype, out_misaligned=True).startswith(expected + " "), (op, kind, dtype, H)
+            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000, MAX_CLUSTER * limit, MAX_CLUSTER * limit + 1):
+                for clusters in (True, False):
+                    expected = mul_family(op, H, dtype, kind, clusters)
+                    text = plan(op, H, dtype, clusters=clusters)
+                    assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
+                    # The output's alignment never changes the fused op's family (it has no staged build).
+                    text = plan(op, H, dtype, out_misaligned=True, clusters=clusters)
+                    assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
     finally:
         force("auto")
 
@@ -232,8 +278,9 @@ def test_every_mul_family_matches_the_oracle(forced_kernel, dtype, H, x_layout, 
     # Forcing "staged" runs the table's choice (no staged build of the fused op): the plan
     # says which family ran, and the oracle checks it the same way.
     for op in ("mul_forward", "mul_backward"):
-        expected = mul_family(op, H, dtype, forced_kernel)
-        assert plan(op, H, dtype).startswith(expected + " "), (op, forced_kernel, H, dtype, plan(op, H, dtype))
+        expected = mul_family(op, H, dtype, forced_kernel, HAS_CLUSTERS)
+        text = plan(op, H, dtype, clusters=HAS_CLUSTERS)
+        assert text.startswith(expected + " "), (op, forced_kernel, H, dtype, text)
     key = ("forced-mul", forced_kernel, H, dtype, x_layout, mul_layout, g_layout)
     gen = torch.Generator().manual_seed(seed_for(*key))
     x = make_rows(37, H, dtype, "cuda", x_layout, gen)

@@ -1,0 +1,146 @@
+"""Rows split over thread-block clusters (sm_90): the CUDA row kernels' long-row path.
+
+A row that needs more than ``cta_threads`` threads runs on a cluster of 2-16 CTAs whose
+partial sums meet in distributed shared memory (csrc/launch_plan.h ``row_plan``,
+csrc/polynorm_cuda.cuh ``cluster_row_reduce``). The table sends only long rows there
+(tens of thousands of elements); these tests force clusters onto short rows with
+``torch.ops.polynorm._tune_rows(cta_threads=32 or 64, max_cluster=...)``, so that every op
+(PolyNorm, the fused PolyNorm x mul, the grouped PolyNorm) and every layout path (aligned,
+realigned, same-phase) runs on clusters of every size in a few milliseconds, against the
+float64 oracle with _matrix's dtype-derived tolerances, every output poisoned first.
+"""
+
+import pytest
+import torch
+from _matrix import (
+    check_against_oracle,
+    check_against_oracle_mul,
+    make_params,
+    make_rows,
+    requires_cuda,
+    run_backend,
+    run_backend_mul,
+    seed_for,
+)
+
+import polynorm
+
+HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+requires_clusters = pytest.mark.skipif(
+    not HAS_CLUSTERS, reason="thread-block clusters need a CUDA device of compute capability 9.0 or later"
+)
+pytestmark = [requires_cuda, requires_clusters]
+
+# (H, cta_threads, max_cluster): bf16 forward at H = 8192 needs 128 threads (8 packs of 8
+# elements each), so cta_threads = 32 makes it a cluster of 4 (max_cluster 4 or more) or 2 CTAs
+# of 64; odd H reaches the realigning builds, fp32 rows need twice the threads.
+SPLITS = [(4096, 32, 2), (8192, 32, 4), (8192, 64, 16), (5125, 32, 8), (16385, 64, 8), (3000, 32, 16)]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.fixture
+def clusters():
+    """Sets the row kernels' CTA size and largest cluster for one test; restores the table."""
+
+    def tune(cta_threads: int, max_cluster: int) -> None:
+        torch.ops.polynorm._tune_rows(cta_threads=cta_threads, max_cluster=max_cluster)
+
+    yield tune
+    torch.ops.polynorm._tune_rows()
+
+
+def plan_cluster(op: str, H: int, dtype) -> int:
+    text = torch.ops.polynorm._launch_plan(op, H, dtype)
+    assert text.startswith("row "), text
+    return int(text.split("cluster=")[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H,cta,cluster", SPLITS)
+def test_polynorm_on_clusters(clusters, dtype, H, cta, cluster):
+    clusters(cta, cluster)
+    assert plan_cluster("forward", H, dtype) > 1 and plan_cluster("backward", H, dtype) > 1
+    gen = torch.Generator().manual_seed(seed_for("clusters", dtype, H, cta, cluster))
+    x = make_rows(37, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(37, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_backend("cuda", x, g, w, b, 1e-6)
+    check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
+    # Deterministic, and the same bits for the same rows starting one element into a buffer
+    # (the realigning build on clusters).
+    again = run_backend("cuda", x, g, w, b, 1e-6)
+    x_mis = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view_as(x).copy_(x)
+    moved = run_backend("cuda", x_mis, g, w, b, 1e-6)
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(getattr(out, name), getattr(again, name)), f"{name}: not deterministic"
+        assert torch.equal(getattr(out, name), getattr(moved, name)), f"{name}: misaligned rows differ"
+
+
+@pytest.mark.parametrize("H,cta,cluster", SPLITS[:4])
+def test_batch_invariance_on_clusters(clusters, H, cta, cluster):
+    clusters(cta, cluster)
+    gen = torch.Generator().manual_seed(seed_for("clusters-batch", H, cta, cluster))
+    big = make_rows(300, H, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    alone = polynorm.poly_norm(big[:1].clone(), w, b)
+    for n in (2, 131, 300):
+        assert torch.equal(polynorm.poly_norm(big[:n], w, b)[:1], alone), f"batch of {n}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("H,cta,cluster", SPLITS)
+def test_fused_mul_on_clusters(clusters, dtype, H, cta, cluster):
+    clusters(cta, cluster)
+    assert plan_cluster("mul_forward", H, dtype) > 1 and plan_cluster("mul_backward", H, dtype) > 1
+    gen = torch.Generator().manual_seed(seed_for("clusters-mul", dtype, H, cta, cluster))
+    x = make_rows(21, H, dtype, "cuda", "contiguous", gen)
+    mul = make_rows(21, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(21, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
+
+
+@pytest.mark.parametrize("H,cta,cluster", [(8192, 32, 4), (5125, 32, 8)])
+def test_grouped_on_clusters(clusters, H, cta, cluster):
+    # Per-expert parameters on clusters, an empty expert and rows of no expert included:
+    # the grouped op must equal the loop of single-expert ops on the same clusters bitwise
+    # (the same kernels, the same reduction tree), and the oracle.
+    from test_grouped import check_grouped, make_experts, offsets_of, run_grouped, run_loop
+
+    clusters(cta, cluster)
+    counts = [5, 0, 9, 3]
+    gen = torch.Generator().manual_seed(seed_for("clusters-grouped", H, cta, cluster))
+    x = make_rows(sum(counts) + 2, H, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(sum(counts) + 2, H, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_experts(len(counts), torch.float32, "cuda", gen)
+    out = run_grouped("cuda", x, g, w, b, offsets_of(counts, "cuda"))
+    check_grouped(out, x, g, w, b, counts, what=f"H={H} cta={cta} cluster<={cluster}")
+    loop = run_loop("cuda", x, g, w, b, counts)
+    for name in ("y", "dx"):
+        assert torch.equal(getattr(out, name), getattr(loop, name)), name
+
+
+def test_cluster_capture_in_cuda_graph(clusters):
+    # Cluster launches (cudaLaunchKernelEx) are capturable, and replay gives the eager bits.
+    clusters(32, 8)
+    gen = torch.Generator().manual_seed(seed_for("clusters-graph"))
+    x = make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+        torch.ops.polynorm.backward(g, x, w, rstd)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+        dx, dw, db = torch.ops.polynorm.backward(g, x, w, rstd)
+    x.copy_(make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen))
+    graph.replay()
+    y_e, rstd_e = torch.ops.polynorm.forward(x, w, b, 1e-6)
+    dx_e, dw_e, db_e = torch.ops.polynorm.backward(g, x, w, rstd_e)
+    for got, eager in ((y, y_e), (rstd, rstd_e), (dx, dx_e), (dw, dw_e), (db, db_e)):
+        assert torch.equal(got, eager)
