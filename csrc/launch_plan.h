@@ -43,9 +43,17 @@ constexpr int kRowMulFwdPacks = 4;   // x and mul
 constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
 constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
 constexpr int kRowMaxThreads = 1024;
-// Clusters (sm_90): rows needing more than kRowClusterCtaThreads threads are split over up to
-// kRowMaxCluster CTAs (8: the portable cluster size, which every sm_90 device launches).
-constexpr int kRowClusterCtaThreads = 1024;
+// Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward) or
+// kRowBwdSplit (backward, mul_backward) is split over a cluster of CTAs of at most
+// kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs (8: the portable cluster size,
+// which every sm_90 device launches). Measured on an H200 (bench/NOTES.md, v6,
+// call1/tune_clusters.log): one CTA of 512 threads beats two of 256 in the forward (H = 32768
+// bf16: 1.21 against 1.31 of a copy), two CTAs of 256 beat one of 512 in the backward
+// (16384: 1.26 against 1.34 of an add), and CTAs of 512 threads beat CTAs of 1024 (64
+// registers, spills) and mostly those of 256 for longer rows.
+constexpr int kRowFwdSplit = 512;
+constexpr int kRowBwdSplit = 256;
+constexpr int kRowClusterCtaThreads = 512;
 constexpr int kRowMaxCluster = 8;
 
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread for
@@ -117,22 +125,23 @@ struct LaunchPlan {
 // bf16 forward takes 96 threads, 16385 takes 288: not 128 and 512). Blocks of R = 128 / G
 // rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
 // are short), else of one row.
-// A row that needs more than `cta_threads` threads is split over a thread-block cluster:
-// the fewest CTAs (a power of two, at most `max_cluster`) of at most cta_threads threads
-// each (a multiple of 32), which add their partial sums through distributed shared memory.
-// Not ok when even then a CTA would need more than kRowMaxThreads.
-inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int cta_threads = kRowMaxThreads,
-                        int max_cluster = 1) {
+// A row that needs more than `split` threads (and max_cluster > 1) is split over a
+// thread-block cluster: the fewest CTAs (a power of two from 2 to max_cluster) of at most
+// `cta_threads` threads each (a multiple of 32), which add their partial sums through
+// distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
+// max_cluster CTAs of cta_threads.
+inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
+                        int cta_threads = kRowMaxThreads, int max_cluster = 1) {
   const int64_t packs = (H * elem_size + 15) / 16;
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
   while (G < need && G < 32) G *= 2;
   if (G < need) G = (need + 31) / 32 * 32;
-  if (G > cta_threads && max_cluster > 1) {
+  if (G > split && max_cluster > 1) {
     int64_t C = 2;
     while (C < max_cluster && (need + C - 1) / C > cta_threads) C *= 2;
     const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
-    if (per_cta > kRowMaxThreads) return {false, 0, 0, 0};
+    if (per_cta > cta_threads) return {false, 0, 0, 0};
     return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
   }
   if (G > kRowMaxThreads) return {false, 0, 0, 0};
@@ -140,18 +149,28 @@ inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int cta_
   return {true, static_cast<int>(G), static_cast<int>(rows * G), 1};
 }
 
-// The row kernels' CTA size before a row is split over a cluster, and the largest cluster
-// (both tunable: _tune_rows). `clusters`: the device launches clusters (sm_90 and later).
-inline int row_cta_threads(bool backward, bool mul, int64_t H, int elem_size) {
+// The row kernels' split point and CTA size for rows of clusters, and the largest cluster
+// (all tunable: _tune_rows' cta_threads sets both the split and the CTA size). `clusters`:
+// the device launches clusters (sm_90 and later).
+inline int row_split_threads(bool backward) {
   const RowTuning t = row_tuning();
   if (t.cta_threads > 0) return t.cta_threads;
-  (void)backward, (void)mul, (void)H, (void)elem_size;
-  return kRowClusterCtaThreads;
+  return backward ? kRowBwdSplit : kRowFwdSplit;
+}
+inline int row_cta_threads() {
+  const RowTuning t = row_tuning();
+  return t.cta_threads > 0 ? t.cta_threads : kRowClusterCtaThreads;
 }
 inline int row_max_cluster(bool clusters) {
   if (!clusters) return 1;
   const RowTuning t = row_tuning();
   return t.max_cluster > 0 ? t.max_cluster : kRowMaxCluster;
+}
+
+// The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap.
+inline RowPlan row_plan_for(bool backward, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
+  return row_plan(H, elem_size, packs_per_thread, row_split_threads(backward), row_cta_threads(),
+                  row_max_cluster(clusters));
 }
 
 // Packs a thread of the row kernels for one op and element size (the tuning applies to
@@ -205,8 +224,7 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
                               int64_t smem_limit, KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
   plan.packs = row_packs(backward, mul, H, elem_size);
-  plan.row = row_plan(H, elem_size, plan.packs, row_cta_threads(backward, mul, H, elem_size),
-                      row_max_cluster(clusters));
+  plan.row = row_plan_for(backward, H, elem_size, plan.packs, clusters);
   plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kRow && plan.row.ok) {

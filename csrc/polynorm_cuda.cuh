@@ -1866,9 +1866,7 @@ bool device_launches_clusters() {
 LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
   const KernelKind forced = forced_kernel();
   const bool clusters = device_launches_clusters();
-  const bool row_ok = row_plan(H, elem_size, row_packs(backward, mul, H, elem_size),
-                               row_cta_threads(backward, mul, H, elem_size), row_max_cluster(clusters))
-                          .ok;
+  const bool row_ok = row_plan_for(backward, H, elem_size, row_packs(backward, mul, H, elem_size), clusters).ok;
   const bool staged_possible = !mul && (forced == KernelKind::kStaged || !row_ok);
   return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced,
                      clusters);
@@ -2096,7 +2094,8 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const auto kernel = grouped ? row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout)
                               : row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
-  const int64_t blocks = row_grid(kernel, row, M, smem);
+  const int waves = row_tuning().grid_waves;  // bench tuning; the table: persistent
+  const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();

@@ -19,9 +19,11 @@ import polynorm  # noqa: F401  (registers the ops)
 plan = torch.ops.polynorm._launch_plan
 force = torch.ops.polynorm._force_kernel
 
-# csrc/launch_plan.h: a row of more than CTA_THREADS threads is split over a cluster of up to
-# MAX_CLUSTER CTAs on devices that launch clusters (sm_90 and later; `clusters=False`: older ones).
-CTA_THREADS = 1024  # kRowClusterCtaThreads
+# csrc/launch_plan.h: on devices that launch clusters (sm_90 and later; `clusters=False`: older
+# ones), a row of more than SPLIT[direction] threads is split over a cluster of up to
+# MAX_CLUSTER CTAs of at most CTA_THREADS threads.
+SPLIT = {"forward": 512, "backward": 256}  # kRowFwdSplit, kRowBwdSplit
+CTA_THREADS = 512  # kRowClusterCtaThreads
 MAX_CLUSTER = 8  # kRowMaxCluster
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
@@ -71,24 +73,26 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
 
 @pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
 def test_long_rows_split_over_clusters(op, dtype, limit):
-    # With clusters: rows of up to CTA_THREADS threads as without; longer ones on the fewest
-    # CTAs (a power of two up to MAX_CLUSTER) of at most CTA_THREADS threads each (a multiple
-    # of 32), one row a block, together covering the row; longer still, staged or tiled.
+    # With clusters: rows of up to SPLIT threads as without; longer ones on the fewest CTAs (a
+    # power of two from 2 to MAX_CLUSTER) of at most CTA_THREADS threads each (a multiple of
+    # 32), one row a block, together covering the row; longer still, staged or tiled.
     elem = torch.finfo(dtype).bits // 8
-    longest = limit * MAX_CLUSTER
-    for H in (769, limit * CTA_THREADS // 1024, limit * CTA_THREADS // 1024 + 1, limit + 1, 3 * limit + 5, longest):
+    split = SPLIT["backward" if "backward" in op else "forward"]
+    per_thread = limit // 1024  # elements a thread holds
+    longest = per_thread * CTA_THREADS * MAX_CLUSTER
+    for H in (769, per_thread * split, per_thread * split + 1, limit + 1, 3 * limit + 5, longest):
         text = plan(op, H, dtype)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
         need = -(-(-(-H * elem // 16)) // f["packs"])  # threads that cover the row
         C = f["cluster"]
-        if need <= CTA_THREADS:
+        if -(-need // 32) * 32 <= split:
             assert C == 1 and text == plan(op, H, dtype, clusters=False), (H, text)
             continue
-        assert C in (2, 4, 8, 16) and C <= MAX_CLUSTER, (H, text)
+        assert C in (2, 4, 8) and C <= MAX_CLUSTER, (H, text)
         assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
-        assert f["G"] <= CTA_THREADS or C == MAX_CLUSTER, (H, text)
+        assert f["G"] <= CTA_THREADS, (H, text)
         assert C == 2 or -(-need // (C // 2)) > CTA_THREADS, (H, text)  # the fewest CTAs
     assert not plan(op, longest + 8 * 16, dtype).startswith("row "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
@@ -228,8 +232,8 @@ def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool 
     """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
     the row build while the row fits 1024 threads' packs of x, mul (and grad_out), or a
     cluster of MAX_CLUSTER such CTAs, unless tiled is forced; the tiled build otherwise."""
-    ctas = MAX_CLUSTER if clusters else 1
-    fits = H * (torch.finfo(dtype).bits // 8) <= ctas * 1024 * MUL_ROW_PACKS[op] * 16
+    threads = MAX_CLUSTER * CTA_THREADS if clusters else 1024
+    fits = H * (torch.finfo(dtype).bits // 8) <= threads * MUL_ROW_PACKS[op] * 16
     return "row" if fits and forced != "tiled" else "tiled"
 
 
@@ -241,7 +245,8 @@ def test_mul_ops_forced_families(op, kind):
         force(kind)
         for dtype in (torch.bfloat16, torch.float32, torch.float64):
             limit = 1024 * MUL_ROW_PACKS[op] * 16 // (torch.finfo(dtype).bits // 8)
-            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000, MAX_CLUSTER * limit, MAX_CLUSTER * limit + 1):
+            longest = limit // 1024 * MAX_CLUSTER * CTA_THREADS
+            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000, longest, longest + 1):
                 for clusters in (True, False):
                     expected = mul_family(op, H, dtype, kind, clusters)
                     text = plan(op, H, dtype, clusters=clusters)
