@@ -5,6 +5,8 @@
         --section Occupancy -k regex:row_kernel -c 2 python3 bench/profile_rows.py 5125
 
 This is the script behind bench/results/h200-2026-11-29-v4/ncu_*.txt (run there as one.py).
+A second argument sets the row kernels' tuning first (``torch.ops.polynorm._tune_rows``
+keywords), e.g. ``python3 bench/profile_rows.py 65536 cta_threads:256,max_cluster:8``.
 """
 import sys
 
@@ -15,6 +17,9 @@ import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 
 def main() -> None:
     H = int(sys.argv[1])
+    if len(sys.argv) > 2:
+        tuning = dict(item.split(":") for item in sys.argv[2].split(","))
+        torch.ops.polynorm._tune_rows(**{k: v == "True" if v in ("True", "False") else int(v) for k, v in tuning.items()})
     M = 2**26 // H
     x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
     g = torch.randn_like(x)

@@ -25,8 +25,19 @@ import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm.reference import poly_norm as reference
 
 DEFAULT_H = (4096, 8192, 16384, 32768, 40000, 65536, 98304, 131072, 262144, 5125, 16385, 65537)
-# (cta_threads, max_cluster): 1024/1 is the row kernels without clusters.
-VARIANTS = [(1024, 1), (1024, 8), (512, 8), (256, 8), (128, 8), (256, 16)]
+# Column name: _tune_rows settings. "table": the launch table's own choice; c<T>x<C>: rows of
+# more than T threads split over clusters of up to C CTAs of at most T threads (c1024x1: no
+# clusters); p4: 4 packs a thread forward with the next row's loads issued before this row's
+# reduction (prefetch), w1: a persistent grid (forward and backward), w0: a block (cluster)
+# per row.
+VARIANTS = {
+    "table": {},
+    "c1024x1": dict(cta_threads=1024, max_cluster=1),
+    "c512x8": dict(cta_threads=512, max_cluster=8),
+    "c256x8": dict(cta_threads=256, max_cluster=8),
+    "c128x8": dict(cta_threads=128, max_cluster=8),
+    "c256x16": dict(cta_threads=256, max_cluster=16),
+}
 OPS = ("fwd", "bwd", "mfwd", "mbwd")
 
 
@@ -46,8 +57,10 @@ def worst_error(y: torch.Tensor, x: torch.Tensor, weight, bias, mul=None) -> flo
 def plan_of(op: str, H: int, dtype) -> str:
     name = {"fwd": "forward", "bwd": "backward", "mfwd": "mul_forward", "mbwd": "mul_backward"}[op]
     text = torch.ops.polynorm._launch_plan(name, H, dtype)
-    return text.split()[0] + ("" if "cluster=1" in text or not text.startswith("row") else
-                              "x" + text.split("cluster=")[1] + "/" + text.split("G=")[1].split()[0])
+    if not text.startswith("row"):
+        return text.split()[0]
+    cluster = int(text.split("cluster=")[1].split()[0])
+    return "row" if cluster == 1 else f"rowx{cluster}/{text.split('G=')[1].split()[0]}"
 
 
 def main() -> None:
@@ -56,12 +69,22 @@ def main() -> None:
     parser.add_argument("--H", type=int, nargs="*", default=list(DEFAULT_H))
     parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
-    args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
-    cols = [f"c{t}x{c}" for t, c in VARIANTS] + ["staged", "tiled"]
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="columns, by name (see VARIANTS), "
+                        "or extra ones as name=key:value,key:value (e.g. p4c512=fwd_packs:4,grid_waves:1,cta_threads:512)")
+    args = parser.parse_args()
+    variants = {}
+    for name in args.variants:
+        if "=" in name:
+            name, spec = name.split("=", 1)
+            variants[name] = {k: (v == "True") if v in ("True", "False") else int(v)
+                              for k, v in (item.split(":") for item in spec.split(","))}
+        else:
+            variants[name] = VARIANTS[name]
+    cols = list(variants) + ["staged", "tiled"]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, M*H = {args.elements}; "
           "c<cta threads>x<max cluster>: time / floor (fwd: copy, bwd and mfwd: add, mbwd: add + copy), "
           "same run, medians of do_bench; plan: the kernel each variant took ('row' plain, 'rowxC/G' a cluster "
@@ -89,9 +112,10 @@ def main() -> None:
             }
             for op in args.ops:
                 cells, plans, err, first = [], [], 0.0, None
-                settings = [(t, c, "auto") for t, c in VARIANTS] + [(0, 0, "staged"), (0, 0, "tiled")]
-                for cta, cluster, family in settings:
-                    torch.ops.polynorm._tune_rows(cta_threads=cta, max_cluster=cluster)
+                settings = [(name, tuning, "auto") for name, tuning in variants.items()]
+                settings += [("staged", {}, "staged"), ("tiled", {}, "tiled")]
+                for name, tuning, family in settings:
+                    torch.ops.polynorm._tune_rows(**tuning)
                     torch.ops.polynorm._force_kernel(family)
                     plan = plan_of(op, H, dtype)
                     if family != "auto" and not plan.startswith(family):
@@ -102,7 +126,7 @@ def main() -> None:
                         torch.cuda.synchronize()
                     except RuntimeError as error:  # e.g. a cluster the device cannot place
                         cells.append("n/a")
-                        print(f"# H={H} {op} {cta}x{cluster} {family}: {str(error).splitlines()[0]}")
+                        print(f"# H={H} {op} {name}: {str(error).splitlines()[0]}")
                         continue
                     if op in ("fwd", "mfwd"):
                         err = max(err, worst_error(result[0], x, weight, bias, mul if op == "mfwd" else None))

@@ -1614,8 +1614,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, 2 * kPacks)) poly_norm_bwd_row_kernel(
+// kPrefetch (aligned PolyNorm builds, bench tuning): the next row's x, grad_y and rstd are
+// loaded while this row is reduced and written, into a second set of registers.
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, (kPrefetch ? 4 : 2) * kPacks))
+    poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
     bool g_realign_arg,
@@ -1664,26 +1667,55 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  static_assert(!kPrefetch || (kLayout == kAligned && !kMul && !kGrouped), "prefetch: aligned PolyNorm builds only");
+  const int64_t step = clusters * R;
+  Pack x_ahead[kPrefetch ? kPacks : 1], g_ahead[kPrefetch ? kPacks : 1];
+  acc_t r_ahead[3] = {acc_t(0), acc_t(0), acc_t(0)};
+  Pack x_ext, g_ext;
+  // kPrefetch: loads a row's x, grad_y and rstd into the registers `ahead` (row 0's data for
+  // a row past M, which is never stored).
+  const auto load_ahead = [&](int64_t row) {
+    if constexpr (kPrefetch) {
+      const int64_t at = row < M ? row : 0;
+      issue_row<scalar_t, kPacks>(x_ahead, x_ext, x + at * x_row_stride, H, rl, false);
+      issue_row<scalar_t, kPacks>(g_ahead, g_ext, grad_y + at * g_row_stride, H, rl, false);
+      r_ahead[0] = rstd[at * 3 + 0];
+      r_ahead[1] = rstd[at * 3 + 1];
+      r_ahead[2] = rstd[at * 3 + 2];
+    }
+  };
+  if constexpr (kPrefetch) load_ahead(cluster_id * R + group);
   int parity = 0;
-  for (int64_t first = cluster_id * R; first < M; first += clusters * R, parity ^= 1) {
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
     const int expert = !grouped ? 0 : active ? static_cast<int>(expert_of(grouping.offsets, row)) : E;  // E: none
     const bool owned = !grouped || expert < E;
     acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
-    if (active && owned) {  // issued before the row's loads complete
-      r3 = rstd[row * 3 + 0];
-      r2 = rstd[row * 3 + 1];
-      r1 = rstd[row * 3 + 2];
-    }
     const scalar_t* x_row = x + r * x_row_stride;
     const scalar_t* g_row = grad_y + r * g_row_stride;
     Pack xb[kPacks];
     Pack gb[kPacks];
-    Pack x_ext, g_ext;
-    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        xb[i] = x_ahead[i];
+        gb[i] = g_ahead[i];
+      }
+      r3 = r_ahead[0];
+      r2 = r_ahead[1];
+      r1 = r_ahead[2];
+      load_ahead(row + step);
+    } else {
+      if (active && owned) {  // issued before the row's loads complete
+        r3 = rstd[row * 3 + 0];
+        r2 = rstd[row * 3 + 1];
+        r1 = rstd[row * 3 + 2];
+      }
+      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    }
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
@@ -2037,8 +2069,10 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
-  auto kernel = grouped ? row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout)
-                        : row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  if constexpr (!kMul) {
+    if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+  }
   bool prefetch = false;
   if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
     // 2-byte rows of 4 packs a thread: the next row's loads in flight while this one is
@@ -2091,8 +2125,23 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
-  const auto kernel = grouped ? row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout)
-                              : row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  auto kernel = poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
+  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks == 2) {
+    // Bench tuning only (_tune_rows(bwd_packs=2)): 2 packs of x and grad_y a thread, aligned
+    // PolyNorm rows, with or without the next row's loads in flight (prefetch).
+    TORCH_CHECK(layout == kAligned && !grouped,
+                "polynorm._tune_rows: bwd_packs=2 is built for aligned PolyNorm rows only");
+    const bool small = row.threads <= 256, prefetch = row_tuning().prefetch;
+    kernel = prefetch ? (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false, true>
+                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false, true>)
+                      : (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false>
+                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false>);
+  } else {
+    kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+    if constexpr (!kMul) {
+      if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+    }
+  }
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   const int waves = row_tuning().grid_waves;  // bench tuning; the table: persistent
   const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
@@ -2299,6 +2348,9 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});  // bench tuning
+      }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
     } else if (lp.kind == KernelKind::kStaged) {

@@ -214,7 +214,7 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
     finally:
         tune()
     assert fields(plan("forward", 4096, torch.bfloat16)) == default
-    for args, name in [((2, 0, 1), "fwd_packs"), ((0, 2, 1), "bwd_packs"), ((0, 0, -2), "grid_waves"),
+    for args, name in [((2, 0, 1), "fwd_packs"), ((0, 3, 1), "bwd_packs"), ((0, 0, -2), "grid_waves"),
                        ((0, 0, -1, True, True, 48), "cta_threads"), ((0, 0, -1, True, True, 0, 3), "max_cluster")]:
         with pytest.raises(ValueError, match=f"polynorm._tune_rows: expected .*{name}"):
             tune(*args)
