@@ -69,10 +69,6 @@ def main() -> None:
     parser.add_argument("--H", type=int, nargs="*", default=list(DEFAULT_H))
     parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
-    dtype = getattr(torch, args.dtype)
-    torch.manual_seed(0)
-    weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
-    bias = torch.tensor([0.1], device="cuda")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="columns, by name (see VARIANTS), "
                         "or extra ones as name=key:value,key:value (e.g. p4c512=fwd_packs:4,grid_waves:1,cta_threads:512)")
     args = parser.parse_args()
@@ -85,6 +81,10 @@ def main() -> None:
         else:
             variants[name] = VARIANTS[name]
     cols = list(variants) + ["staged", "tiled"]
+    dtype = getattr(torch, args.dtype)
+    torch.manual_seed(0)
+    weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
+    bias = torch.tensor([0.1], device="cuda")
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, M*H = {args.elements}; "
           "c<cta threads>x<max cluster>: time / floor (fwd: copy, bwd and mfwd: add, mbwd: add + copy), "
           "same run, medians of do_bench; plan: the kernel each variant took ('row' plain, 'rowxC/G' a cluster "
