@@ -2083,10 +2083,11 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                                   : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, false, true>;
     }
   }
-  // Persistent for aligned rows of 128-256 threads, a block per R rows otherwise (tune_rows:
-  // 2-5% faster for short rows, 6-9% for realigned and long rows; bench/NOTES.md, v5); a
-  // cluster per row for rows of clusters.
-  const bool persistent = layout == kAligned && row.G >= 128 && row.G < 512 && row.cluster == 1;
+  // Persistent for aligned rows of 128-256 threads and for rows of clusters, a block per R
+  // rows otherwise (tune_rows: 2-5% faster for short rows, 6-9% for realigned and long rows
+  // of one CTA, bench/NOTES.md v5; clusters: mul_forward at H = 32768-131072 10-15% faster
+  // persistent, v6 call 3).
+  const bool persistent = (layout == kAligned && row.G >= 128 && row.G < 512) || row.cluster > 1;
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
   const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
