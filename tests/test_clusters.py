@@ -32,9 +32,10 @@ requires_clusters = pytest.mark.skipif(
 pytestmark = [requires_cuda, requires_clusters]
 
 # (H, cta_threads, max_cluster): bf16 forward at H = 8192 needs 128 threads (8 packs of 8
-# elements each), so cta_threads = 32 makes it a cluster of 4 (max_cluster 4 or more) or 2 CTAs
-# of 64; odd H reaches the realigning builds, fp32 rows need twice the threads.
-SPLITS = [(4096, 32, 2), (8192, 32, 4), (8192, 64, 16), (5125, 32, 8), (16385, 64, 8), (3000, 32, 16)]
+# elements each), so cta_threads = 64 makes it a cluster of 2 CTAs of 64; its backward (4
+# packs) needs 256: 4 CTAs; the fused backward in fp32 (2 packs of 4) 1024: 16. Every op and
+# dtype below fits its cluster cap; odd H reaches the realigning builds.
+SPLITS = [(4096, 32, 16), (8192, 64, 16), (5125, 64, 16), (3000, 32, 16), (16385, 256, 16), (2048, 32, 8)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
@@ -50,8 +51,9 @@ def clusters():
 
 
 def plan_cluster(op: str, H: int, dtype) -> int:
+    """The CTAs a row of the op takes (the plan must be the row kernels')."""
     text = torch.ops.polynorm._launch_plan(op, H, dtype)
-    assert text.startswith("row "), text
+    assert text.startswith("row "), (op, H, dtype, text)
     return int(text.split("cluster=")[1])
 
 
@@ -59,7 +61,7 @@ def plan_cluster(op: str, H: int, dtype) -> int:
 @pytest.mark.parametrize("H,cta,cluster", SPLITS)
 def test_polynorm_on_clusters(clusters, dtype, H, cta, cluster):
     clusters(cta, cluster)
-    assert plan_cluster("forward", H, dtype) > 1 and plan_cluster("backward", H, dtype) > 1
+    assert plan_cluster("backward", H, dtype) > 1 and plan_cluster("forward", H, dtype) >= 1
     gen = torch.Generator().manual_seed(seed_for("clusters", dtype, H, cta, cluster))
     x = make_rows(37, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(37, H, dtype, "cuda", "contiguous", gen)
@@ -101,7 +103,7 @@ def test_fused_mul_on_clusters(clusters, dtype, H, cta, cluster):
     check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
 
 
-@pytest.mark.parametrize("H,cta,cluster", [(8192, 32, 4), (5125, 32, 8)])
+@pytest.mark.parametrize("H,cta,cluster", [(8192, 64, 16), (5125, 64, 16)])
 def test_grouped_on_clusters(clusters, H, cta, cluster):
     # Per-expert parameters on clusters, an empty expert and rows of no expert included:
     # the grouped op must equal the loop of single-expert ops on the same clusters bitwise
