@@ -33,8 +33,11 @@ Layout of the work
 - BLOCK_M, BLOCK_H and num_warps depend on H and the dtype only, never on M, so a row's
   y and dx are bitwise the same whatever batch the row arrives in.
 - dw and db: each backward program writes its rows' sums to a [programs, 4] partials
-  buffer; a second one-program kernel adds them in a fixed order. No atomics, so the
-  bits are the same on every run.
+  buffer, and they are added in a fixed order (``_sum_partials``) in one of two forms of
+  the same kernel (FUSED_PARAMS): eager calls launch once, and the last program to finish
+  (an atomic ticket on an arrival counter) adds them; the registered ops, which
+  torch.compile, export and AOTInductor trace, launch a second one-program kernel to add
+  them. No atomics on the values, so the bits are the same on every run, in both forms.
 
 With ``TRITON_INTERPRET=1`` set before this module is imported, the same kernels run on
 CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests them.
@@ -285,6 +288,13 @@ def _poly_norm_bwd_kernel(
     BLOCK_H: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
     HAS_MUL: tl.constexpr,  # PolyNorm x mul: g = grad_out * mul drives dx, dw, db; grad_mul too
+    # One launch: the last program to finish sums the partials (_sum_partials) into grad_w and
+    # grad_b. False: a second launch does (_poly_norm_bwd_param_kernel), and the three
+    # pointers below are unread.
+    FUSED_PARAMS: tl.constexpr = False,
+    counter_ptr=None,  # (1,) int32, 0 before the launch and after it: programs done so far
+    grad_w_ptr=None,  # (3,) rstd's dtype: [dw0, dw1, dw2]
+    grad_b_ptr=None,  # (1,) rstd's dtype: [db]
 ):
     ACC = partials_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -382,6 +392,52 @@ def _poly_norm_bwd_kernel(
     tl.store(out + 2, tl.sum(p_w2, axis=0))
     tl.store(out + 3, tl.sum(p_b, axis=0))
 
+    if FUSED_PARAMS:
+        # The last program to finish sums every program's partial, in the order of
+        # _sum_partials, which depends on num_programs only: the same bits whichever program
+        # is last, and the same as the two-launch form's. Every thread's stores above come
+        # before the barrier, the barrier before the ticket, whose release publishes them to
+        # the program that draws the last ticket (its acquire; the CUDA backward's
+        # finish_param_grads, with a fence in each thread instead, does the same).
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_programs - 1:
+            _sum_partials(partials_ptr, num_programs, grad_w_ptr, grad_b_ptr)
+            tl.store(counter_ptr, 0)  # back to 0 for the next launch on this counter
+
+
+# _sum_partials adds the partials on 2^_PARTIAL_LEVELS lanes: part of its order, so of dW's
+# and dB's bits, and the same in both forms of the backward.
+_PARTIAL_LEVELS = tl.constexpr(8)
+_PARTIAL_LANES = tl.constexpr(2**8)
+
+
+@triton.jit
+def _sum_partials(partials_ptr, P, grad_w_ptr, grad_b_ptr):
+    # Adds the rows of partials [P, 4] and stores the sums unrounded (autograd rounds each to
+    # its parameter's dtype), in an order fixed by P alone, never by the program's layout
+    # (num_warps, which differ between the backward kernel's configurations and the param
+    # kernel's): lane l of _PARTIAL_LANES adds rows l, l + lanes, l + 2 lanes, ... in turn;
+    # then _PARTIAL_LEVELS halvings, lane l of the lower half adding lane l + half. Each step
+    # adds two numbers, which gives the same bits in either order. (tl.sum over all the lanes
+    # would add them in a tree that follows the layout.)
+    ACC = partials_ptr.dtype.element_ty
+    offs = tl.arange(0, _PARTIAL_LANES)
+    cols = tl.arange(0, 4)
+    acc = tl.zeros([_PARTIAL_LANES, 4], ACC)
+    for p0 in range(0, P, _PARTIAL_LANES):
+        p = p0 + offs
+        # .cg: from L2, where the other programs' partials are, never a stale L1 line.
+        acc += tl.load(
+            partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0, cache_modifier=".cg"
+        )
+    for level in tl.static_range(1, _PARTIAL_LEVELS + 1):
+        acc = tl.sum(tl.reshape(acc, [2, _PARTIAL_LANES >> level, 4]), axis=0)
+    total = tl.reshape(acc, [4])  # dw0, dw1, dw2, db
+    tl.store(grad_w_ptr + cols, total, mask=cols < 3)
+    db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
+    tl.store(grad_b_ptr, db)
+
 
 @triton.jit
 def _poly_norm_bwd_param_kernel(
@@ -389,21 +445,11 @@ def _poly_norm_bwd_param_kernel(
     P,
     grad_w_ptr,  # (3,) the partials' dtype
     grad_b_ptr,  # (1,) the partials' dtype
-    BLOCK_P: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # _PARTIAL_LANES: the order of the sum is that of the one-launch form
 ):
-    # One program: adds the partials in a fixed order (BLOCK_P lanes, then a fixed tree),
-    # and stores the sums unrounded: autograd rounds each to its parameter's dtype.
-    ACC = partials_ptr.dtype.element_ty
-    offs = tl.arange(0, BLOCK_P)
-    cols = tl.arange(0, 4)
-    acc = tl.zeros([BLOCK_P, 4], ACC)
-    for p0 in range(0, P, BLOCK_P):
-        p = p0 + offs
-        acc += tl.load(partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0)
-    total = tl.sum(acc, axis=0)  # [4]: dw0, dw1, dw2, db
-    tl.store(grad_w_ptr + cols, total, mask=cols < 3)
-    db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
-    tl.store(grad_b_ptr, db)
+    # The two-launch form's second launch, one program: the sums of _sum_partials.
+    tl.static_assert(BLOCK_P == _PARTIAL_LANES)
+    _sum_partials(partials_ptr, P, grad_w_ptr, grad_b_ptr)
 
 
 # ----------------------------------------------------------------------------------------
@@ -681,10 +727,17 @@ def _mul_backward_impl(
     return _backward_launch(grad_out, x, mul, weight, bias, rstd, launch)
 
 
-def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch):
+def _backward_launch(
+    grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch, fused: bool = False
+):
     """(grad_x, grad_mul, grad_weight, grad_bias) for checked arguments; grad_mul is None
     without mul. With mul, grad_y is grad_out (of out = y * mul) and bias is needed: y is
-    recomputed for grad_mul."""
+    recomputed for grad_mul.
+
+    ``fused``: one launch, whose last program sums the parameter gradients (eager calls only,
+    ``launch`` the identity: the arrival counter and the partials come from
+    :func:`_eager_param_buffers`, which tracing could not record); else, or when no counter
+    is available, two launches. The two forms give the same bits."""
     acc = _acc_dtype(x.dtype)
     has_mul = mul is not None
     x_rows, M, H, x_row_stride = _as_rows(x)
@@ -703,22 +756,113 @@ def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tens
     b = _flat(bias)[0] if has_mul else w
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
     num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
-    grad_weight = x.new_empty((3,), dtype=acc)
-    grad_bias = x.new_empty((1,), dtype=acc)
-    # [max_programs, 4], of which the first num_programs rows are written and summed: a
-    # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
-    partials = x.new_empty((max_programs, 4), dtype=acc)
-    if _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
-        with _on_device_of(x):
-            launch(_poly_norm_bwd_kernel)[(num_programs,)](
-                g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
-                grad_x, grad_mul if has_mul else g_rows, partials, M, H,
-                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul, num_warps=num_warps,
-            )  # fmt: skip
+    if not _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
+        return grad_x, grad_mul, x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
+    with _on_device_of(x):
+        buffers = _eager_param_buffers(x, acc, max_programs) if fused else None
+        if buffers is not None:
+            counter, partials = buffers
+            grads = x.new_empty((4,), dtype=acc)  # [dw0, dw1, dw2, db]: one allocation
+            grad_weight, grad_bias = grads[:3], grads[3:]
+        else:
+            counter = None
+            grad_weight = x.new_empty((3,), dtype=acc)
+            grad_bias = x.new_empty((1,), dtype=acc)
+            # [max_programs, 4], of which the first num_programs rows are written and summed:
+            # a shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
+            partials = x.new_empty((max_programs, 4), dtype=acc)
+        # Two launches: counter_ptr is unread (FUSED_PARAMS=False); partials stands in for it,
+        # a tensor as wrap_triton records every argument.
+        launch(_poly_norm_bwd_kernel)[(num_programs,)](
+            g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
+            grad_x, grad_mul if has_mul else g_rows, partials, M, H,
+            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul,
+            FUSED_PARAMS=counter is not None, counter_ptr=partials if counter is None else counter,
+            grad_w_ptr=grad_weight, grad_b_ptr=grad_bias, num_warps=num_warps,
+        )  # fmt: skip
+        if counter is None:
             launch(_poly_norm_bwd_param_kernel)[(1,)](
-                partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
+                partials, num_programs, grad_weight, grad_bias, BLOCK_P=_PARTIAL_LANES.value, num_warps=4
             )
     return grad_x, grad_mul, grad_weight, grad_bias
+
+
+# ----------------------------------------------------------------------------------------
+# The one-launch backward's arrival counters and partials (eager calls only)
+# ----------------------------------------------------------------------------------------
+
+# Arrival counters, as the CUDA backward's (csrc/polynorm_cuda.cuh, arrival_counter): int32
+# slots of one zeroed buffer a device, each 0 between launches (the last program resets its
+# own). Two launches must never run on one counter, or on one partials buffer, at the same
+# time:
+# - An eager launch takes its stream's counter and partials. Launches on one stream run one
+#   after another. Streams get counters in order of first use; past _STREAM_SLOTS streams on a
+#   device they share slots, which matters only if two of those run a backward at once.
+# - A launch captured into a CUDA graph takes a counter of its own, never used by another
+#   launch (a graph may be replayed on any stream, while eager work runs), and partials from
+#   the graph's own memory pool. Past _CAPTURE_SLOTS captures on a device, capture counters
+#   are reused, oldest first. A buffer cannot be allocated and zeroed during a capture (the
+#   zeroing would be recorded, not run): a capture on a device where no eager backward has
+#   run yet takes the two-launch form.
+_STREAM_SLOTS = 4096
+_CAPTURE_SLOTS = 61440
+
+
+class _DeviceCounters:
+    """One device's arrival counters: [_STREAM_SLOTS + _CAPTURE_SLOTS] int32 zeros."""
+
+    def __init__(self, device: torch.device):
+        self.counters = torch.zeros(_STREAM_SLOTS + _CAPTURE_SLOTS, dtype=torch.int32, device=device)
+        if device.type == "cuda":
+            # The zeros were written on the current stream; a launch on another stream must
+            # not read the counters before that: wait for them once.
+            torch.cuda.synchronize(device)
+        self.streams = 0  # stream slots handed out
+        self.captures = 0  # capture slots handed out
+
+    def stream_slot(self) -> Tensor:
+        slot = self.streams % _STREAM_SLOTS
+        self.streams += 1
+        return self.counters[slot : slot + 1]
+
+    def capture_slot(self) -> Tensor:
+        slot = _STREAM_SLOTS + self.captures % _CAPTURE_SLOTS
+        self.captures += 1
+        return self.counters[slot : slot + 1]
+
+
+_DEVICE_COUNTERS: dict[int, _DeviceCounters] = {}  # device index (-1: the CPU) -> its counters
+# (device index, stream, acc dtype) -> (counter, partials [cap, 4]) of eager launches
+_STREAM_BUFFERS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _eager_param_buffers(x: Tensor, acc: torch.dtype, cap: int) -> tuple[Tensor, Tensor] | None:
+    """(counter, partials) for a one-launch backward on x's device and current stream (call
+    it with x's device current), or None: a capture on a device without counters yet, whose
+    launch takes the two-launch form. partials has at least ``cap`` rows of dtype acc."""
+    if not x.is_cuda:  # the interpreter: one launch at a time
+        index, stream = -1, 0
+    else:
+        index = x.get_device()
+        if torch.cuda.is_current_stream_capturing():
+            counters = _DEVICE_COUNTERS.get(index)
+            if counters is None:
+                return None
+            return counters.capture_slot(), x.new_empty((cap, 4), dtype=acc)
+        stream = torch._C._cuda_getCurrentRawStream(index)
+    key = (index, stream, acc)
+    buffers = _STREAM_BUFFERS.get(key)
+    if buffers is None or buffers[1].shape[0] < cap:
+        counters = _DEVICE_COUNTERS.get(index)
+        if counters is None:
+            counters = _DEVICE_COUNTERS[index] = _DeviceCounters(x.device)
+        # One counter a stream, whatever acc: a stream's launches never overlap.
+        same_stream = [b for k, b in _STREAM_BUFFERS.items() if k[:2] == (index, stream)]
+        counter = same_stream[0][0] if same_stream else counters.stream_slot()
+        # Every cap of this device (the grid's largest size, for any H).
+        rows = _sm_count(x.device) * _BWD_WARPS_PER_SM if x.is_cuda else cap
+        buffers = _STREAM_BUFFERS[key] = (counter, x.new_empty((max(rows, cap), 4), dtype=acc))
+    return buffers
 
 
 @_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
@@ -940,7 +1084,7 @@ class PolyNormTritonFunction(torch.autograd.Function):
         else:
             if not _saved_args_hold(ctx, grad_y, x, weight):
                 check_backward_args(_BWD, grad_y, x, weight, rstd)  # raises, naming what changed
-            grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, _launch_directly)
+            grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, _launch_directly, fused=True)
         need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
         # grad_weight and grad_bias come in the accumulation dtype: rounded once, here, to
         # each parameter's own dtype and shape.

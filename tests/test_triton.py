@@ -20,6 +20,7 @@ from _matrix import (
     closed_form_mul,
     make_params,
     make_rows,
+    poisoned_outputs,
     requires_cuda,
     requires_interpreter,
     run_backend,
@@ -271,6 +272,160 @@ def test_backward_deterministic(device, dtype):
     second = torch.ops.polynorm.backward_triton(g, x, w, rstd)
     for a, c in zip(first, second):
         assert torch.equal(a, c)
+
+
+# ---------------------------------------------------------------------------------------
+# The one-launch backward (FUSED_PARAMS): the last program to finish sums dW and dB
+# ---------------------------------------------------------------------------------------
+
+
+class _NoSecondLaunch:
+    """Stands in for _poly_norm_bwd_param_kernel where the one-launch form must not launch it."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("the one-launch backward launched the param kernel")
+
+
+def _both_forms(g, x, w, rstd, monkeypatch):
+    """(two launches, one launch, one launch again): _backward_launch's outputs for the same
+    arguments, every output poisoned first (an unwritten dW or dB is NaN)."""
+    run = triton_kernels._backward_launch
+    with poisoned_outputs():
+        two = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=False)
+        with monkeypatch.context() as patch:
+            patch.setattr(triton_kernels, "_poly_norm_bwd_param_kernel", _NoSecondLaunch())
+            one = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+            again = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return two, one, again
+
+
+def _counters_at_zero(device) -> bool:
+    index = torch.device(device).index if torch.device(device).type == "cuda" else -1
+    if index is None:
+        index = torch.cuda.current_device()
+    return not triton_kernels._DEVICE_COUNTERS[index].counters.any().item()
+
+
+# (M, H, warps per SM of the persistent grid, lanes of _sum_partials). On the GPU the grids
+# are the real ones (H = 1024 at M = 20000: 2112 programs on an H200, several tiles each, 8
+# partials a lane). The interpreter's grid is small (two "SMs") and slow a program, so there a
+# larger _BWD_WARPS_PER_SM and 8 lanes (the sum's code is the same for any power of two) give
+# more programs than lanes, and a smaller one gives programs of several tiles each.
+FUSED_CASES = {
+    "cpu": [(40, 2048, 4096, 8), (2000, 16, 16, None), (3, 769, None, None)],
+    "cuda": [(7, 1, None, None), (2048, 127, None, None), (20000, 1024, None, None), (3000, 4096, None, None),
+             (64, 16385, None, None)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "device,case",
+    [pytest.param(d, c, marks=m) for d, m in (("cpu", requires_interpreter), ("cuda", requires_cuda)) for c in FUSED_CASES[d]],
+)
+def test_one_launch_backward_matches_two_launches(device, case, dtype, monkeypatch):
+    # The one-launch form's dW and dB (the last program's sum, _sum_partials) are bitwise the
+    # two-launch form's (the same sum in a second launch, under other num_warps), grad_x too
+    # (the same code), on every run; and the arrival counter is back at 0 after each launch
+    # (else the second one-launch run would find no last program and leave NaN).
+    M, H, warps_per_sm, lanes = case
+    if warps_per_sm is not None:
+        monkeypatch.setattr(triton_kernels, "_BWD_WARPS_PER_SM", warps_per_sm)
+    if lanes is not None:  # the interpreter reads the kernels' globals when it runs them
+        monkeypatch.setattr(triton_kernels, "_PARTIAL_LANES", triton_kernels.tl.constexpr(lanes))
+        monkeypatch.setattr(triton_kernels, "_PARTIAL_LEVELS", triton_kernels.tl.constexpr(lanes.bit_length() - 1))
+    x, g, w, b = _inputs(("one_launch", warps_per_sm), M, H, dtype, device)
+    y, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    acc = triton_kernels._acc_dtype(dtype)
+    block_m, _, _, num_warps = triton_kernels._launch_config(H, dtype, "backward")
+    programs, _ = triton_kernels._bwd_num_programs(-(-M // block_m), num_warps, x.device)
+    if device == "cpu" and lanes is not None:
+        assert programs > 4 * lanes, programs
+    two, one, again = _both_forms(g, x, w, rstd, monkeypatch)
+    for name, a, c, d in zip(("grad_x", "grad_mul", "grad_weight", "grad_bias"), two, one, again):
+        if name == "grad_mul":
+            assert a is None and c is None and d is None
+            continue
+        assert torch.isfinite(c).all(), name
+        assert c.dtype == (acc if name != "grad_x" else dtype), (name, c.dtype)
+        assert torch.equal(a, c), (name, a.flatten()[:4].tolist(), c.flatten()[:4].tolist())
+        assert torch.equal(c, d), name
+    assert _counters_at_zero(device)
+    # The values themselves: the float64 oracle's.
+    check_against_oracle(Grads(y, *one[:1], *one[2:]), x, g, w, b, 1e-6, what=f"one launch M={M} H={H} {dtype}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_launch_counter_per_stream(device):
+    # Eager launches take their stream's counter and partials, cached: a second call reuses
+    # them (no allocation beyond the outputs), and another stream gets its own.
+    x, g, w, b = _inputs("per_stream", 40, 64, torch.float32, device)
+    _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    acc = torch.float32
+    cap = triton_kernels._bwd_num_programs(10**9, triton_kernels._launch_config(64, x.dtype, "backward")[3], x.device)[1]
+    with triton_kernels._on_device_of(x):
+        first = triton_kernels._eager_param_buffers(x, acc, cap)
+        assert triton_kernels._eager_param_buffers(x, acc, cap) is first
+        assert first[1].shape[0] >= cap and first[1].dtype == acc and first[0].dtype == torch.int32
+        if device == "cuda":
+            with torch.cuda.stream(torch.cuda.Stream()):
+                other = triton_kernels._eager_param_buffers(x, acc, cap)
+            assert other[0].data_ptr() != first[0].data_ptr()
+            assert other[1].data_ptr() != first[1].data_ptr()
+
+
+@requires_cuda
+def test_one_launch_backward_under_graph_capture(monkeypatch):
+    # A captured one-launch backward takes a counter of its own (a capture slot), so replays,
+    # on the capture's stream or another one, run beside eager launches on the stream counters
+    # and give the eager bits each time; every counter is back at 0 after. A capture on a
+    # device whose counters do not exist yet takes the two-launch form: the same bits.
+    run = triton_kernels._backward_launch
+    x, g, w, b = _inputs("capture", 2048, 1024, torch.bfloat16, "cuda")
+    _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    eager = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)  # warm-up too
+    torch.cuda.synchronize()
+    counters = triton_kernels._DEVICE_COUNTERS[x.get_device()]
+    captures = counters.captures
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+    assert counters.captures == captures + 1
+    side = torch.cuda.Stream()
+    for replay in range(4):
+        with poisoned_outputs():
+            for t in static[2:]:
+                t.fill_(float("nan"))
+            if replay % 2:
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    graph.replay()
+                beside = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                graph.replay()
+                with torch.cuda.stream(side):
+                    beside = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+                torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        for name, e, s, o in zip(("grad_x", "grad_mul", "grad_weight", "grad_bias"), eager, static, beside):
+            if e is not None:
+                assert torch.equal(e, s) and torch.equal(e, o), (replay, name)
+    assert _counters_at_zero("cuda")
+    # No counters yet on the device: the capture takes the two-launch form.
+    monkeypatch.setattr(triton_kernels, "_DEVICE_COUNTERS", {})
+    monkeypatch.setattr(triton_kernels, "_STREAM_BUFFERS", {})
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        static2 = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+    assert triton_kernels._DEVICE_COUNTERS == {}
+    graph2.replay()
+    torch.cuda.synchronize()
+    for e, s in zip(eager, static2):
+        if e is not None:
+            assert torch.equal(e, s)
 
 
 @requires_cuda
