@@ -45,6 +45,7 @@ CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests
 
 import contextlib
 import functools
+import math
 import os
 
 import torch
@@ -288,13 +289,12 @@ def _poly_norm_bwd_kernel(
     BLOCK_H: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
     HAS_MUL: tl.constexpr,  # PolyNorm x mul: g = grad_out * mul drives dx, dw, db; grad_mul too
-    # One launch: the last program to finish sums the partials (_sum_partials) into grad_w and
-    # grad_b. False: a second launch does (_poly_norm_bwd_param_kernel), and the three
-    # pointers below are unread.
+    # One launch: the last program to finish sums the partials (_sum_partials) into grad_ptr.
+    # False: a second launch does (_poly_norm_bwd_param_kernel), and the two pointers below
+    # are unread.
     FUSED_PARAMS: tl.constexpr = False,
     counter_ptr=None,  # (1,) int32, 0 before the launch and after it: programs done so far
-    grad_w_ptr=None,  # (3,) rstd's dtype: [dw0, dw1, dw2]
-    grad_b_ptr=None,  # (1,) rstd's dtype: [db]
+    grad_ptr=None,  # (4,) rstd's dtype: [dw0, dw1, dw2, db]
 ):
     ACC = partials_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -402,7 +402,7 @@ def _poly_norm_bwd_kernel(
         tl.debug_barrier()
         ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
         if ticket == num_programs - 1:
-            _sum_partials(partials_ptr, num_programs, grad_w_ptr, grad_b_ptr)
+            tl.store(grad_ptr + tl.arange(0, 4), _sum_partials(partials_ptr, num_programs))
             tl.store(counter_ptr, 0)  # back to 0 for the next launch on this counter
 
 
@@ -413,9 +413,9 @@ _PARTIAL_LANES = tl.constexpr(2**8)
 
 
 @triton.jit
-def _sum_partials(partials_ptr, P, grad_w_ptr, grad_b_ptr):
-    # Adds the rows of partials [P, 4] and stores the sums unrounded (autograd rounds each to
-    # its parameter's dtype), in an order fixed by P alone, never by the program's layout
+def _sum_partials(partials_ptr, P):
+    # The sums of the rows of partials [P, 4], [4] (unrounded: autograd rounds each to its
+    # parameter's dtype), added in an order fixed by P alone, never by the program's layout
     # (num_warps, which differ between the backward kernel's configurations and the param
     # kernel's): lane l of _PARTIAL_LANES adds rows l, l + lanes, l + 2 lanes, ... in turn;
     # then _PARTIAL_LEVELS halvings, lane l of the lower half adding lane l + half. Each step
@@ -433,10 +433,7 @@ def _sum_partials(partials_ptr, P, grad_w_ptr, grad_b_ptr):
         )
     for level in tl.static_range(1, _PARTIAL_LEVELS + 1):
         acc = tl.sum(tl.reshape(acc, [2, _PARTIAL_LANES >> level, 4]), axis=0)
-    total = tl.reshape(acc, [4])  # dw0, dw1, dw2, db
-    tl.store(grad_w_ptr + cols, total, mask=cols < 3)
-    db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
-    tl.store(grad_b_ptr, db)
+    return tl.reshape(acc, [4])  # dw0, dw1, dw2, db
 
 
 @triton.jit
@@ -449,7 +446,11 @@ def _poly_norm_bwd_param_kernel(
 ):
     # The two-launch form's second launch, one program: the sums of _sum_partials.
     tl.static_assert(BLOCK_P == _PARTIAL_LANES)
-    _sum_partials(partials_ptr, P, grad_w_ptr, grad_b_ptr)
+    total = _sum_partials(partials_ptr, P)
+    cols = tl.arange(0, 4)
+    tl.store(grad_w_ptr + cols, total, mask=cols < 3)
+    db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
+    tl.store(grad_b_ptr, db)
 
 
 # ----------------------------------------------------------------------------------------
@@ -686,8 +687,10 @@ def _mul_forward_impl(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps,
     return _forward_launch(x, mul, weight, bias, eps, launch)
 
 
-def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch):
-    """(y or out, rstd) for checked arguments: out = y * mul when mul is given."""
+def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch, eager: bool = False):
+    """(y or out, rstd) for checked arguments: out = y * mul when mul is given. ``eager``: a
+    call of :class:`PolyNormTritonFunction`, whose tensors hold data (:func:`eager_fast_path`
+    and the checks): no :func:`_launchable` test."""
     x_rows, M, H, x_row_stride = _as_rows(x)
     # Without mul the kernel's mul arguments are x's: HAS_MUL=False never reads them.
     mul_rows, _, _, mul_row_stride = (x_rows, M, H, x_row_stride) if mul is None else _as_rows(mul)
@@ -700,7 +703,7 @@ def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor,
     w, w_stride = _flat(weight)
     b, _ = _flat(bias)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
-    if _launchable(x_rows, mul_rows, w, b):
+    if eager or _launchable(x_rows, mul_rows, w, b):
         with _on_device_of(x):
             launch(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
                 x_rows, x_row_stride, mul_rows, mul_row_stride, y, rstd, w, w_stride, b, M, H, eps,
@@ -727,17 +730,11 @@ def _mul_backward_impl(
     return _backward_launch(grad_out, x, mul, weight, bias, rstd, launch)
 
 
-def _backward_launch(
-    grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch, fused: bool = False
-):
+def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch):
     """(grad_x, grad_mul, grad_weight, grad_bias) for checked arguments; grad_mul is None
     without mul. With mul, grad_y is grad_out (of out = y * mul) and bias is needed: y is
-    recomputed for grad_mul.
-
-    ``fused``: one launch, whose last program sums the parameter gradients (eager calls only,
-    ``launch`` the identity: the arrival counter and the partials come from
-    :func:`_eager_param_buffers`, which tracing could not record); else, or when no counter
-    is available, two launches. The two forms give the same bits."""
+    recomputed for grad_mul. Two launches: the backward kernel, then the parameter sums
+    (the registered ops; :func:`_eager_backward` is the one-launch form)."""
     acc = _acc_dtype(x.dtype)
     has_mul = mul is not None
     x_rows, M, H, x_row_stride = _as_rows(x)
@@ -756,35 +753,62 @@ def _backward_launch(
     b = _flat(bias)[0] if has_mul else w
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
     num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
-    if not _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
-        return grad_x, grad_mul, x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
-    with _on_device_of(x):
-        buffers = _eager_param_buffers(x, acc, max_programs) if fused else None
-        if buffers is not None:
-            counter, partials = buffers
-            grads = x.new_empty((4,), dtype=acc)  # [dw0, dw1, dw2, db]: one allocation
-            grad_weight, grad_bias = grads[:3], grads[3:]
-        else:
-            counter = None
-            grad_weight = x.new_empty((3,), dtype=acc)
-            grad_bias = x.new_empty((1,), dtype=acc)
-            # [max_programs, 4], of which the first num_programs rows are written and summed:
-            # a shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
-            partials = x.new_empty((max_programs, 4), dtype=acc)
-        # Two launches: counter_ptr is unread (FUSED_PARAMS=False); partials stands in for it,
-        # a tensor as wrap_triton records every argument.
-        launch(_poly_norm_bwd_kernel)[(num_programs,)](
-            g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
-            grad_x, grad_mul if has_mul else g_rows, partials, M, H,
-            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul,
-            FUSED_PARAMS=counter is not None, counter_ptr=partials if counter is None else counter,
-            grad_w_ptr=grad_weight, grad_b_ptr=grad_bias, num_warps=num_warps,
-        )  # fmt: skip
-        if counter is None:
+    grad_weight = x.new_empty((3,), dtype=acc)
+    grad_bias = x.new_empty((1,), dtype=acc)
+    # [max_programs, 4], of which the first num_programs rows are written and summed: a
+    # shape that does not depend on M, so tracing with a dynamic M adds no guard on it.
+    partials = x.new_empty((max_programs, 4), dtype=acc)
+    if _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
+        with _on_device_of(x):
+            # FUSED_PARAMS=False leaves counter_ptr and grad_ptr unread: partials stands in
+            # for both, a tensor as wrap_triton records every argument.
+            launch(_poly_norm_bwd_kernel)[(num_programs,)](
+                g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
+                grad_x, grad_mul if has_mul else g_rows, partials, M, H,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul,
+                FUSED_PARAMS=False, counter_ptr=partials, grad_ptr=partials, num_warps=num_warps,
+            )  # fmt: skip
             launch(_poly_norm_bwd_param_kernel)[(1,)](
                 partials, num_programs, grad_weight, grad_bias, BLOCK_P=_PARTIAL_LANES.value, num_warps=4
             )
     return grad_x, grad_mul, grad_weight, grad_bias
+
+
+def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    """(grad_x, grads) of :class:`PolyNormTritonFunction`'s backward, in one launch: grads is
+    ``[dw0, dw1, dw2, db]`` in rstd's dtype (the accumulation dtype), summed by the kernel's
+    last program from an arrival counter and partials cached per stream
+    (:func:`_eager_param_buffers`); bitwise what the two launches of :func:`_backward_launch`
+    give. The arguments are checked, hold data, and rstd is the forward's own (contiguous,
+    of the accumulation dtype). A launch captured into a CUDA graph on a device where no
+    eager backward has run yet takes the two launches (no counter can be zeroed there)."""
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    g_rows, _, _, g_row_stride = _as_rows(grad_y)
+    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+    acc = rstd.dtype
+    if M == 0:
+        return grad_x, x.new_zeros((4,), dtype=acc)
+    grads = torch.empty(4, dtype=acc, device=x.device)  # [dw0, dw1, dw2, db]: one allocation for both
+    w, w_stride = _flat(weight)
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
+    num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
+    with _on_device_of(x):
+        buffers = _eager_param_buffers(x, acc, max_programs)
+        counter, partials = buffers if buffers is not None else (None, x.new_empty((max_programs, 4), dtype=acc))
+        # Without mul: the kernel's mul, bias and grad_mul arguments stand for inputs it
+        # already reads (grad_y, weight); HAS_MUL=False neither reads nor writes them.
+        _poly_norm_bwd_kernel[(num_programs,)](
+            g_rows, g_row_stride, g_rows, g_row_stride, x_rows, x_row_stride, rstd, w, w_stride, w,
+            grad_x, g_rows, partials, M, H,
+            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=False,
+            FUSED_PARAMS=counter is not None, counter_ptr=partials if counter is None else counter, grad_ptr=grads,
+            num_warps=num_warps,
+        )  # fmt: skip
+        if counter is None:
+            _poly_norm_bwd_param_kernel[(1,)](
+                partials, num_programs, grads, grads[3:], BLOCK_P=_PARTIAL_LANES.value, num_warps=4
+            )
+    return grad_x, grads
 
 
 # ----------------------------------------------------------------------------------------
@@ -1025,13 +1049,14 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
     """Whether :class:`PolyNormTritonFunction` may serve this call instead of the registered
     op: eager mode (not being traced by torch.compile, no torch.func transform, no dispatch
-    or function mode), x a plain
-    tensor with data (not a subclass such as DTensor, whose sharding rules live on the
-    registered op; not fake or meta), weight and bias plain tensors or parameters, and eps
-    already a Python number."""
+    or function mode), x a plain tensor with data (not a subclass such as DTensor, whose
+    sharding rules live on the registered op, nor fake, functional or meta), weight and
+    bias plain tensors or parameters, and eps already a Python number."""
     return (
         isinstance(eps, (int, float))
-        and type(x) in _PLAIN  # not a subclass (a DTensor's data is not its own: its ops dispatch)
+        # Not a subclass: a DTensor's data is not its own (its ops dispatch), and fake tensors
+        # and Python functional tensors are subclasses too.
+        and type(x) in _PLAIN
         and type(weight) in _PLAIN
         and type(bias) in _PLAIN
         and not torch.compiler.is_compiling()
@@ -1040,8 +1065,33 @@ def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
         # policies, debug modes) must see the op, which direct launches would hide.
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
-        and not is_fake(x)
+        # The wrappers of plain type that may hold a fake tensor (is_fake's other cases, at
+        # a tenth of its cost): C++ functional tensors and torch.func's wrapped tensors.
+        and not torch._is_functional_tensor(x)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
         and not x.is_meta
+    )
+
+
+_FLOAT_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def _forward_args_hold(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
+    """Whether :func:`check_forward_args` holds with eps a Python float, from a few comparisons
+    (about a third of the checks' host time), for tensors that :func:`eager_fast_path` let
+    through. False: the caller runs the checks, which raise, or give eps as a float."""
+    return (
+        type(eps) is float
+        and 0.0 <= eps < math.inf  # NaN fails
+        and x.dtype in _FLOAT_DTYPES
+        and weight.dtype in _FLOAT_DTYPES
+        and bias.dtype in _FLOAT_DTYPES
+        and x.dim() >= 1
+        and x.shape[-1] >= 1
+        and weight.numel() == 3
+        and bias.numel() == 1
+        and weight.device == x.device
+        and bias.device == x.device
     )
 
 
@@ -1050,28 +1100,32 @@ class PolyNormTritonFunction(torch.autograd.Function):
 
     The registered ops (``torch.ops.polynorm.forward_triton``/``backward_triton``, whose
     launches torch.compile, export and AOTInductor record) go through the dispatcher and
-    ``wrap_triton`` on every eager call. This Function runs the same bodies, with the same
-    checks, and launches the kernels directly (on an H200's host it cut the host time of a
-    call by about 13%, bench/NOTES.md; ``bench/triton_host.py`` times where the rest goes).
-    Its backward skips the argument checks that the forward and autograd already guarantee
-    (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever
+    ``wrap_triton`` on every eager call. This Function runs the same kernels, with the same
+    checks, launched directly, and its backward launches once where the op launches twice
+    (:func:`_eager_backward`: the kernel's last program sums dW and dB, the same bits).
+    Checks that hold already are not repeated: the forward's in a few comparisons for the
+    common call (:func:`_forward_args_hold`), the backward's where the forward and autograd
+    guarantee them (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever
     :func:`eager_fast_path` holds, and the registered ops otherwise. The backward keeps the
     op path when a graph of the gradient is recorded (``create_graph=True``), whose autograd
-    refuses a double backward with a clear message.
+    refuses a double backward with a clear message. ``bench/triton_host.py`` times where the
+    host time goes.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float, records: bool) -> Tensor:
         """``records``: a backward is recorded (grad mode on and an input requiring grad), as
         the caller saw it before ``apply`` (``ctx.needs_input_grad`` ignores grad mode)."""
-        y, rstd = _forward_impl(x, weight, bias, eps, _launch_directly)
+        if not _forward_args_hold(x, weight, bias, eps):
+            eps = check_forward_args(_FWD, x, weight, bias, eps)  # raises, or gives eps as a float
+        _check_runs_here(_FWD, x)
+        y, rstd = _forward_launch(x, None, weight, bias, eps, _launch_directly, eager=True)
         ctx.set_materialize_grads(False)  # no zero grad_y for an unused y, no kernel for it
         if records:
             # An x made under torch.inference_mode() cannot be saved for backward: the
             # parameter gradients need its rows, so it is copied once (as the op path does).
             ctx.save_for_backward(x.clone() if x.is_inference() else x, weight, rstd)
-            ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
-            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+            ctx.params = (weight.shape, weight.dtype, bias.shape, bias.dtype)
         return y
 
     @staticmethod
@@ -1079,19 +1133,25 @@ class PolyNormTritonFunction(torch.autograd.Function):
         if grad_y is None:  # y did not reach the loss: every gradient is zero
             return None, None, None, None, None
         x, weight, rstd = ctx.saved_tensors
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        weight_shape, weight_dtype, bias_shape, bias_dtype = ctx.params
         if torch.is_grad_enabled():  # create_graph=True: the op, whose autograd refuses double backward
             grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
         else:
             if not _saved_args_hold(ctx, grad_y, x, weight):
                 check_backward_args(_BWD, grad_y, x, weight, rstd)  # raises, naming what changed
-            grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, _launch_directly, fused=True)
-        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+            grad_x, grads = _eager_backward(grad_y, x, weight, rstd)
+            if not (need_weight or need_bias):
+                return grad_x, None, None, None, None
+            if weight_dtype == bias_dtype and grads.dtype != weight_dtype:
+                grads = grads.to(weight_dtype)  # both rounded in one conversion
+            grad_weight, grad_bias = grads.split_with_sizes((3, 1))  # two views in one call
         # grad_weight and grad_bias come in the accumulation dtype: rounded once, here, to
         # each parameter's own dtype and shape.
         return (
             grad_x if need_x else None,
-            _as_param(grad_weight, ctx.weight_dtype, ctx.weight_shape) if need_weight else None,
-            _as_param(grad_bias, ctx.bias_dtype, ctx.bias_shape) if need_bias else None,
+            _as_param(grad_weight, weight_dtype, weight_shape) if need_weight else None,
+            _as_param(grad_bias, bias_dtype, bias_shape) if need_bias else None,
             None,
             None,
         )
@@ -1102,18 +1162,20 @@ def _saved_args_hold(ctx, grad_y: Tensor, x: Tensor, weight: Tensor) -> bool:
     from a few comparisons (about 1 us of host time, against about 8 for the checks).
 
     The forward checked x and weight; rstd is its own output, ``[M, 3]`` of the accumulation
-    dtype on x's device, which the user never held; and autograd's engine hands grad_y over with
-    y's shape, dtype and device (it reduces, casts or refuses a gradient that differs), which
-    were x's. So every check holds unless x or weight was swapped since (``t.data = ...``,
-    which autograd allows on a saved tensor): x still has grad_y's shape, dtype and device, and
-    weight its forward shape and dtype, on x's device. False: the caller runs the checks.
+    dtype on x's device, contiguous, which the user never held; and autograd's engine hands
+    grad_y over with y's shape, dtype and device (it reduces, casts or refuses a gradient that
+    differs), which were x's. So every check holds unless x or weight was swapped since
+    (``t.data = ...``, which autograd allows on a saved tensor): x still has grad_y's shape,
+    dtype and device, and weight its forward shape and dtype, on x's device. False: the caller
+    runs the checks.
     """
+    weight_shape, weight_dtype = ctx.params[:2]
     return (
         x.shape == grad_y.shape
         and x.dtype == grad_y.dtype
         and x.device == grad_y.device
-        and weight.shape == ctx.weight_shape
-        and weight.dtype == ctx.weight_dtype
+        and weight.shape == weight_shape
+        and weight.dtype == weight_dtype
         and weight.device == x.device
     )
 

@@ -226,6 +226,36 @@ def test_errors(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fast_path_checks_as_the_op(device):
+    # PolyNormTritonFunction checks its arguments in a few comparisons (_forward_args_hold) and
+    # runs the op's checks only when one fails: every refused argument gets the op's error and
+    # message, and an int eps the op's result.
+    x, _, w, b = _inputs("fast_checks", 4, 8, torch.float32, device)
+    bad = [
+        (x.int(), w, b, 1e-6),
+        (torch.tensor(1.0, device=device), w, b, 1e-6),
+        (torch.randn(4, 0, device=device), w, b, 1e-6),
+        (x, torch.randn(4, device=device), b, 1e-6),
+        (x, w.int(), b, 1e-6),
+        (x, w, torch.randn(2, device=device), 1e-6),
+        (x, w, b.int(), 1e-6),
+        (x, w, b, -1.0),
+        (x, w, b, float("nan")),
+        (x, w, b, float("inf")),
+    ]
+    if device == "cuda":
+        bad += [(x, w.cpu(), b, 1e-6), (x, w, b.cpu(), 1e-6)]
+    for args in bad:
+        with pytest.raises(Exception) as op_error:
+            torch.ops.polynorm.forward_triton(*args)
+        with pytest.raises(type(op_error.value)) as fast_error:
+            triton_kernels.PolyNormTritonFunction.apply(*args, False)
+        assert str(fast_error.value) == str(op_error.value)
+    y_int = triton_kernels.PolyNormTritonFunction.apply(x, w, b, 1, False)
+    torch.testing.assert_close(y_int, torch.ops.polynorm.forward_triton(x, w, b, 1.0)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_backward_checks_a_swapped_saved_tensor(device):
     # PolyNormTritonFunction's backward skips the checks that the forward and autograd already
     # guarantee (triton_kernels._saved_args_hold), except for a saved x or weight swapped since
@@ -287,18 +317,24 @@ class _NoSecondLaunch:
 
 
 def _both_forms(g, x, w, rstd, monkeypatch):
-    """(two launches, one launch, one launch again): _backward_launch's outputs for the same
-    arguments, every output poisoned first (an unwritten dW or dB is NaN)."""
-    run = triton_kernels._backward_launch
+    """(two launches, one launch, one launch again): (grad_x, grad_weight, grad_bias) from
+    _backward_launch (the ops' two launches) and from _eager_backward (PolyNormTritonFunction's
+    one launch) for the same arguments, every output poisoned first (an unwritten dW or dB is
+    NaN)."""
     with poisoned_outputs():
-        two = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=False)
+        grad_x, _, grad_weight, grad_bias = triton_kernels._backward_launch(
+            g, x, None, w, None, rstd, triton_kernels._launch_directly
+        )
+        two = (grad_x, grad_weight, grad_bias)
+        runs = []
         with monkeypatch.context() as patch:
             patch.setattr(triton_kernels, "_poly_norm_bwd_param_kernel", _NoSecondLaunch())
-            one = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
-            again = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+            for _ in range(2):
+                grad_x, grads = triton_kernels._eager_backward(g, x, w, rstd)
+                runs.append((grad_x, grads[:3], grads[3:]))
     if x.is_cuda:
         torch.cuda.synchronize(x.device)
-    return two, one, again
+    return (two, *runs)
 
 
 def _counters_at_zero(device) -> bool:
@@ -344,17 +380,14 @@ def test_one_launch_backward_matches_two_launches(device, case, dtype, monkeypat
     if device == "cpu" and lanes is not None:
         assert programs > 4 * lanes, programs
     two, one, again = _both_forms(g, x, w, rstd, monkeypatch)
-    for name, a, c, d in zip(("grad_x", "grad_mul", "grad_weight", "grad_bias"), two, one, again):
-        if name == "grad_mul":
-            assert a is None and c is None and d is None
-            continue
+    for name, a, c, d in zip(("grad_x", "grad_weight", "grad_bias"), two, one, again):
         assert torch.isfinite(c).all(), name
         assert c.dtype == (acc if name != "grad_x" else dtype), (name, c.dtype)
         assert torch.equal(a, c), (name, a.flatten()[:4].tolist(), c.flatten()[:4].tolist())
         assert torch.equal(c, d), name
     assert _counters_at_zero(device)
     # The values themselves: the float64 oracle's.
-    check_against_oracle(Grads(y, *one[:1], *one[2:]), x, g, w, b, 1e-6, what=f"one launch M={M} H={H} {dtype}")
+    check_against_oracle(Grads(y, *one), x, g, w, b, 1e-6, what=f"one launch M={M} H={H} {dtype}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -382,50 +415,48 @@ def test_one_launch_backward_under_graph_capture(monkeypatch):
     # on the capture's stream or another one, run beside eager launches on the stream counters
     # and give the eager bits each time; every counter is back at 0 after. A capture on a
     # device whose counters do not exist yet takes the two-launch form: the same bits.
-    run = triton_kernels._backward_launch
+    run = triton_kernels._eager_backward
     x, g, w, b = _inputs("capture", 2048, 1024, torch.bfloat16, "cuda")
     _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
-    eager = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)  # warm-up too
+    eager = run(g, x, w, rstd)  # a warm-up too: compiles the kernel, makes the device's counters
     torch.cuda.synchronize()
     counters = triton_kernels._DEVICE_COUNTERS[x.get_device()]
     captures = counters.captures
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+        static = run(g, x, w, rstd)
     assert counters.captures == captures + 1
     side = torch.cuda.Stream()
     for replay in range(4):
-        with poisoned_outputs():
-            for t in static[2:]:
-                t.fill_(float("nan"))
-            if replay % 2:
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    graph.replay()
-                beside = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
-                torch.cuda.current_stream().wait_stream(side)
-            else:
+        for t in static:
+            t.fill_(float("nan"))
+        side.wait_stream(torch.cuda.current_stream())
+        if replay % 2:  # replayed on another stream, beside an eager launch on this one
+            with torch.cuda.stream(side):
                 graph.replay()
-                with torch.cuda.stream(side):
-                    beside = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
-                torch.cuda.current_stream().wait_stream(side)
+            beside = run(g, x, w, rstd)
+        else:  # replayed on this stream, beside an eager launch on another one
+            graph.replay()
+            with torch.cuda.stream(side):
+                beside = run(g, x, w, rstd)
+        torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()
-        for name, e, s, o in zip(("grad_x", "grad_mul", "grad_weight", "grad_bias"), eager, static, beside):
-            if e is not None:
-                assert torch.equal(e, s) and torch.equal(e, o), (replay, name)
+        for name, e, c, o in zip(("grad_x", "grads"), eager, static, beside):
+            assert torch.equal(e, c) and torch.equal(e, o), (replay, name)
     assert _counters_at_zero("cuda")
-    # No counters yet on the device: the capture takes the two-launch form.
+    # No counters yet on the device: the capture takes the two-launch form, the same bits.
     monkeypatch.setattr(triton_kernels, "_DEVICE_COUNTERS", {})
     monkeypatch.setattr(triton_kernels, "_STREAM_BUFFERS", {})
     graph2 = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph2):
-        static2 = run(g, x, None, w, None, rstd, triton_kernels._launch_directly, fused=True)
+        static2 = run(g, x, w, rstd)
     assert triton_kernels._DEVICE_COUNTERS == {}
+    for t in static2:
+        t.fill_(float("nan"))
     graph2.replay()
     torch.cuda.synchronize()
-    for e, s in zip(eager, static2):
-        if e is not None:
-            assert torch.equal(e, s)
+    for e, c in zip(eager, static2):
+        assert torch.equal(e, c)
 
 
 @requires_cuda
