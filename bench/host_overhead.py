@@ -15,9 +15,9 @@ Rows: each polynorm backend that runs CPU tensors (``auto``: the C++ kernel; ``r
 plain PyTorch; ``triton`` under ``TRITON_INTERPRET=1`` only, where Triton's interpreter
 runs the kernel itself in Python, so its row is an upper bound rather than host cost;
 ``triton-host``, also under ``TRITON_INTERPRET=1`` only: the same calls with every Triton
-kernel launch replaced by a no-op, so the Triton backend's host path alone, without the
-launcher: outputs are garbage, and under the interpreter ``_launchable`` also asks whether
-each tensor is fake, which the GPU path does not), and ``torch.nn.functional.layer_norm``
+kernel launch replaced by a no-op, so the Triton backend's host path alone, without Triton's
+launcher: outputs are garbage, and ``_launchable`` answers as on a GPU, without the per-tensor
+fake-tensor test that only the interpreter needs), and ``torch.nn.functional.layer_norm``
 with weight and bias as the native baseline for the same autograd work.
 
     python3 bench/host_overhead.py
@@ -54,15 +54,18 @@ def no_triton_launches():
     """Within: every kernel of ``polynorm.triton_kernels`` (a module attribute named
     ``_*_kernel``) is a :class:`_NoLaunch`, so a Triton call runs its host path alone. The
     module's ``_interpreted`` (which looks at a kernel's type) and ``wrap_triton`` (which the
-    registered ops hand a kernel to) keep working. Restores everything on exit."""
+    registered ops hand a kernel to) keep working, and ``_launchable`` answers as it does on a
+    GPU (tensors with data), without the interpreter's is_fake test of each tensor (about
+    1 us each). Restores everything on exit."""
     from polynorm import triton_kernels as tk
 
     interpreted = tk._interpreted()
     names = [name for name in vars(tk) if name.startswith("_") and name.endswith("_kernel")]
-    saved = {name: getattr(tk, name) for name in names + ["_interpreted", "wrap_triton"]}
+    saved = {name: getattr(tk, name) for name in names + ["_interpreted", "wrap_triton", "_launchable"]}
     try:
         tk._interpreted = lambda: interpreted
         tk.wrap_triton = lambda kernel: kernel
+        tk._launchable = lambda *tensors: not any(t.is_meta for t in tensors)
         for name in names:
             setattr(tk, name, _NoLaunch())
         yield

@@ -39,6 +39,9 @@ Layout of the work
   torch.compile, export and AOTInductor trace, launch a second one-program kernel to add
   them. No atomics on the values, so the bits are the same on every run, in both forms.
 
+- Eager calls (PolyNormTritonFunction) launch each specialisation's compiled kernel through
+  its launcher directly once Triton's Python launcher has compiled it (``_launch_eager``).
+
 With ``TRITON_INTERPRET=1`` set before this module is imported, the same kernels run on
 CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests them.
 """
@@ -687,7 +690,9 @@ def _mul_forward_impl(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps,
     return _forward_launch(x, mul, weight, bias, eps, launch)
 
 
-def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch, eager: bool = False):
+def _forward_launch(
+    x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch, eager: bool = False
+):
     """(y or out, rstd) for checked arguments: out = y * mul when mul is given. ``eager``: a
     call of :class:`PolyNormTritonFunction`, whose tensors hold data (:func:`eager_fast_path`
     and the checks): no :func:`_launchable` test."""
@@ -703,9 +708,20 @@ def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor,
     w, w_stride = _flat(weight)
     b, _ = _flat(bias)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
-    if eager or _launchable(x_rows, mul_rows, w, b):
+    grid = (M + block_m - 1) // block_m
+    if eager:  # PolyNormTritonFunction: no mul
         with _on_device_of(x):
-            launch(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
+            args = (x_rows, x_row_stride, x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
+                    block_m, block_h, one_block, False)  # fmt: skip
+            # What Triton specialises the compiled kernel on, beyond the constexprs: each
+            # pointer's dtype and 16-byte alignment, each int's value class (M: int32 or not).
+            key = (_poly_norm_fwd_kernel, x.get_device(), H, x.dtype, w.dtype, b.dtype, x_row_stride, w_stride,
+                   M <= _INT32_MAX, block_m, block_h, one_block, num_warps,
+                   _aligned(x_rows), _aligned(y), _aligned(rstd), _aligned(w), _aligned(b))  # fmt: skip
+            _launch_eager(_poly_norm_fwd_kernel, grid, args, num_warps, key)
+    elif _launchable(x_rows, mul_rows, w, b):
+        with _on_device_of(x):
+            launch(_poly_norm_fwd_kernel)[(grid,)](
                 x_rows, x_row_stride, mul_rows, mul_row_stride, y, rstd, w, w_stride, b, M, H, eps,
                 BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=mul is not None,
                 num_warps=num_warps,
@@ -795,20 +811,115 @@ def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
     with _on_device_of(x):
         buffers = _eager_param_buffers(x, acc, max_programs)
         counter, partials = buffers if buffers is not None else (None, x.new_empty((max_programs, 4), dtype=acc))
+        fused = counter is not None
+        if not fused:
+            counter = partials  # unread (FUSED_PARAMS=False)
         # Without mul: the kernel's mul, bias and grad_mul arguments stand for inputs it
         # already reads (grad_y, weight); HAS_MUL=False neither reads nor writes them.
-        _poly_norm_bwd_kernel[(num_programs,)](
-            g_rows, g_row_stride, g_rows, g_row_stride, x_rows, x_row_stride, rstd, w, w_stride, w,
-            grad_x, g_rows, partials, M, H,
-            BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=False,
-            FUSED_PARAMS=counter is not None, counter_ptr=partials if counter is None else counter, grad_ptr=grads,
-            num_warps=num_warps,
-        )  # fmt: skip
-        if counter is None:
+        args = (g_rows, g_row_stride, g_rows, g_row_stride, x_rows, x_row_stride, rstd, w, w_stride, w,
+                grad_x, g_rows, partials, M, H, block_m, block_h, one_block, False, fused, counter, grads)  # fmt: skip
+        # As in _forward_launch: the specialisation beyond the constexprs, here with the
+        # counter's and the partials' pointers (cached, so 16-byte aligned, as fresh outputs).
+        key = (_poly_norm_bwd_kernel, x.get_device(), H, x.dtype, w.dtype, g_row_stride, x_row_stride, w_stride,
+               M <= _INT32_MAX, block_m, block_h, one_block, num_warps, fused, _aligned(g_rows), _aligned(x_rows),
+               _aligned(rstd), _aligned(w), _aligned(grad_x), _aligned(partials), _aligned(counter),
+               _aligned(grads))  # fmt: skip
+        _launch_eager(_poly_norm_bwd_kernel, num_programs, args, num_warps, key)
+        if not fused:
             _poly_norm_bwd_param_kernel[(1,)](
                 partials, num_programs, grads, grads[3:], BLOCK_P=_PARTIAL_LANES.value, num_warps=4
             )
     return grad_x, grads
+
+
+# ----------------------------------------------------------------------------------------
+# Direct launches: the eager path's kernels without Triton's Python launcher
+# ----------------------------------------------------------------------------------------
+
+# ``kernel[grid](*args)`` costs 18-37 us of host time a launch through Triton 3.6's Python
+# launcher on an H200's host (bench/NOTES.md): it binds and specialises every argument, builds
+# the cache key, checks the kernel's globals, then calls the compiled kernel's launcher. For
+# the eager path (PolyNormTritonFunction) the first launch of each specialisation goes through
+# it and hands back the compiled kernel, kept here under a key of everything Triton specialised
+# it on (:func:`_launch_eager`'s callers build it: the device, the constexprs and num_warps,
+# each pointer's dtype and 16-byte alignment, each int's value, M's int32 range); later
+# launches with that key call the compiled kernel's launcher directly, as Triton's own last
+# step does (``CompiledKernel.run`` with the function, packed metadata and launch hooks; the
+# same call in Triton 3.6 and 3.8). Off: under the interpreter, when the kernels or the
+# compiled kernel lack what the call needs (feature-detected), after any TypeError from that
+# call (a launcher of another signature: nothing was launched), and with _DIRECT_LAUNCH False.
+_DIRECT_LAUNCH = True
+_COMPILED: dict[tuple, object] = {}  # key -> CompiledKernel
+_INT32_MAX = 2**31 - 1
+# The parameters, in order, that the eager callers pass positionally (Triton hands the
+# launcher every parameter, constexprs included, in this order).
+_FWD_PARAMS = ("x_ptr", "x_row_stride", "mul_ptr", "mul_row_stride", "y_ptr", "rstd_ptr", "w_ptr", "w_stride", "b_ptr",
+               "M", "H", "eps", "BLOCK_M", "BLOCK_H", "ONE_BLOCK", "HAS_MUL")  # fmt: skip
+_BWD_PARAMS = ("g_ptr", "g_row_stride", "mul_ptr", "mul_row_stride", "x_ptr", "x_row_stride", "rstd_ptr", "w_ptr",
+               "w_stride", "b_ptr", "dx_ptr", "dmul_ptr", "partials_ptr", "M", "H", "BLOCK_M", "BLOCK_H", "ONE_BLOCK",
+               "HAS_MUL", "FUSED_PARAMS", "counter_ptr", "grad_ptr")  # fmt: skip
+
+
+def _direct_launch_supported() -> bool:
+    """Whether this Triton's kernels and knobs look as the direct launch expects."""
+    if _interpreted():
+        return False
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    return (
+        runtime is not None
+        and hasattr(runtime, "launch_enter_hook")
+        and hasattr(runtime, "launch_exit_hook")
+        and tuple(getattr(_poly_norm_fwd_kernel, "arg_names", ())) == _FWD_PARAMS
+        and tuple(getattr(_poly_norm_bwd_kernel, "arg_names", ())) == _BWD_PARAMS
+        and hasattr(_poly_norm_fwd_kernel, "pre_run_hooks")
+        and hasattr(_poly_norm_bwd_kernel, "pre_run_hooks")
+        and hasattr(torch._C, "_cuda_getCurrentRawStream")
+    )
+
+
+_DIRECT_SUPPORTED = _direct_launch_supported()
+
+
+def _aligned(t: Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def _no_hooks(hook) -> bool:
+    # Triton's launch hooks are HookChains (empty unless a profiler such as proton added one),
+    # or None.
+    return hook is None or (type(hook).__name__ == "HookChain" and not getattr(hook, "calls", True))
+
+
+def _launch_eager(kernel, grid: int, args: tuple, num_warps: int, key: tuple) -> None:
+    """``kernel[(grid,)](*args, num_warps=num_warps)`` on the current device and stream, through
+    the compiled kernel's launcher directly once ``key`` has been launched the usual way (see
+    above). ``args``: every parameter of the kernel, in order."""
+    global _DIRECT_LAUNCH
+    compiled = _COMPILED.get(key) if _DIRECT_LAUNCH else None
+    if compiled is not None and not kernel.pre_run_hooks:
+        runtime = triton.knobs.runtime
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        stream = torch._C._cuda_getCurrentRawStream(key[1])
+        if _no_hooks(enter) and _no_hooks(leave):
+            metadata = enter = leave = None
+        else:
+            metadata = compiled.launch_metadata((grid, 1, 1), stream, *args)
+        try:
+            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args)
+            return
+        except TypeError:  # a launcher that takes other arguments: launch as Triton does, from now on
+            _DIRECT_LAUNCH = False
+    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if (
+        _DIRECT_LAUNCH
+        and _DIRECT_SUPPORTED
+        and getattr(compiled, "function", None) is not None
+        and hasattr(compiled, "packed_metadata")
+        and hasattr(compiled, "launch_metadata")
+        and hasattr(compiled, "run")
+    ):
+        _COMPILED[key] = compiled
 
 
 # ----------------------------------------------------------------------------------------
@@ -828,15 +939,19 @@ def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
 #   are reused, oldest first. A buffer cannot be allocated and zeroed during a capture (the
 #   zeroing would be recorded, not run): a capture on a device where no eager backward has
 #   run yet takes the two-launch form.
+# Slots are 16 bytes apart: Triton specialises a kernel on each pointer's 16-byte alignment,
+# so every slot gets the same compiled kernel. 256 KiB a device, as the CUDA side's.
 _STREAM_SLOTS = 4096
-_CAPTURE_SLOTS = 61440
+_CAPTURE_SLOTS = 12288
+_SLOT_INTS = 4  # int32 a slot: 16 bytes
 
 
 class _DeviceCounters:
-    """One device's arrival counters: [_STREAM_SLOTS + _CAPTURE_SLOTS] int32 zeros."""
+    """One device's arrival counters: _STREAM_SLOTS + _CAPTURE_SLOTS slots of 16 bytes, zeros."""
 
     def __init__(self, device: torch.device):
-        self.counters = torch.zeros(_STREAM_SLOTS + _CAPTURE_SLOTS, dtype=torch.int32, device=device)
+        slots = _STREAM_SLOTS + _CAPTURE_SLOTS
+        self.counters = torch.zeros(slots * _SLOT_INTS, dtype=torch.int32, device=device)
         if device.type == "cuda":
             # The zeros were written on the current stream; a launch on another stream must
             # not read the counters before that: wait for them once.
@@ -844,15 +959,18 @@ class _DeviceCounters:
         self.streams = 0  # stream slots handed out
         self.captures = 0  # capture slots handed out
 
+    def _slot(self, slot: int) -> Tensor:
+        return self.counters[slot * _SLOT_INTS : slot * _SLOT_INTS + 1]
+
     def stream_slot(self) -> Tensor:
         slot = self.streams % _STREAM_SLOTS
         self.streams += 1
-        return self.counters[slot : slot + 1]
+        return self._slot(slot)
 
     def capture_slot(self) -> Tensor:
         slot = _STREAM_SLOTS + self.captures % _CAPTURE_SLOTS
         self.captures += 1
-        return self.counters[slot : slot + 1]
+        return self._slot(slot)
 
 
 _DEVICE_COUNTERS: dict[int, _DeviceCounters] = {}  # device index (-1: the CPU) -> its counters
@@ -1101,8 +1219,10 @@ class PolyNormTritonFunction(torch.autograd.Function):
     The registered ops (``torch.ops.polynorm.forward_triton``/``backward_triton``, whose
     launches torch.compile, export and AOTInductor record) go through the dispatcher and
     ``wrap_triton`` on every eager call. This Function runs the same kernels, with the same
-    checks, launched directly, and its backward launches once where the op launches twice
-    (:func:`_eager_backward`: the kernel's last program sums dW and dB, the same bits).
+    checks, launched directly (and, once compiled, through their launchers without Triton's
+    Python launcher: :func:`_launch_eager`), and its backward launches once where the op
+    launches twice (:func:`_eager_backward`: the kernel's last program sums dW and dB, the
+    same bits).
     Checks that hold already are not repeated: the forward's in a few comparisons for the
     common call (:func:`_forward_args_hold`), the backward's where the forward and autograd
     guarantee them (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever

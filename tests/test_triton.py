@@ -359,7 +359,11 @@ FUSED_CASES = {
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(
     "device,case",
-    [pytest.param(d, c, marks=m) for d, m in (("cpu", requires_interpreter), ("cuda", requires_cuda)) for c in FUSED_CASES[d]],
+    [
+        pytest.param(d, c, marks=m)
+        for d, m in (("cpu", requires_interpreter), ("cuda", requires_cuda))
+        for c in FUSED_CASES[d]
+    ],
 )
 def test_one_launch_backward_matches_two_launches(device, case, dtype, monkeypatch):
     # The one-launch form's dW and dB (the last program's sum, _sum_partials) are bitwise the
@@ -397,7 +401,8 @@ def test_one_launch_counter_per_stream(device):
     x, g, w, b = _inputs("per_stream", 40, 64, torch.float32, device)
     _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
     acc = torch.float32
-    cap = triton_kernels._bwd_num_programs(10**9, triton_kernels._launch_config(64, x.dtype, "backward")[3], x.device)[1]
+    num_warps = triton_kernels._launch_config(64, x.dtype, "backward")[3]
+    cap = triton_kernels._bwd_num_programs(10**9, num_warps, x.device)[1]
     with triton_kernels._on_device_of(x):
         first = triton_kernels._eager_param_buffers(x, acc, cap)
         assert triton_kernels._eager_param_buffers(x, acc, cap) is first
@@ -407,6 +412,9 @@ def test_one_launch_counter_per_stream(device):
                 other = triton_kernels._eager_param_buffers(x, acc, cap)
             assert other[0].data_ptr() != first[0].data_ptr()
             assert other[1].data_ptr() != first[1].data_ptr()
+            # 16-byte aligned, as every slot: one compiled kernel serves them all.
+            assert other[0].data_ptr() % 16 == 0
+        assert first[0].data_ptr() % 16 == 0 and first[1].data_ptr() % 16 == 0
 
 
 @requires_cuda
@@ -457,6 +465,127 @@ def test_one_launch_backward_under_graph_capture(monkeypatch):
     torch.cuda.synchronize()
     for e, c in zip(eager, static2):
         assert torch.equal(e, c)
+
+
+# ---------------------------------------------------------------------------------------
+# Direct launches (_launch_eager): the eager path without Triton's Python launcher
+# ---------------------------------------------------------------------------------------
+
+
+class _FakeCompiled:
+    """A compiled kernel's stand-in: records each call of its launcher."""
+
+    function, packed_metadata = "function", "packed metadata"
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid, stream, len(args))
+
+    def run(self, *call):
+        if self.fail:
+            raise TypeError("launch() takes other arguments")
+        self.calls.append(call)
+
+
+class _FakeKernel:
+    """A JIT kernel's stand-in: ``kernel[grid](*args, **options)`` records the launch and hands
+    back its compiled stand-in, as JITFunction.run does."""
+
+    pre_run_hooks = ()
+
+    def __init__(self, compiled):
+        self.compiled, self.launches = compiled, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.launches.append((grid, args, options))
+            return self.compiled
+
+        return launch
+
+
+def test_direct_launch_logic(monkeypatch):
+    # _launch_eager's bookkeeping with stand-ins for the kernel, its compiled form and the
+    # stream (its real launches need a GPU: test_direct_launch_gives_the_launchers_bits). The
+    # first launch of a key goes through kernel[grid] and keeps what that hands back; the next
+    # ones call its launcher with Triton's own arguments (no metadata or hooks when no launch
+    # hook is set; with one, both); a TypeError from the launcher turns direct launches off and
+    # launches through kernel[grid].
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(triton_kernels, "_DIRECT_SUPPORTED", True)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", True)
+    monkeypatch.setattr(triton_kernels, "_COMPILED", {})
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index, raising=False)
+    compiled = _FakeCompiled()
+    kernel = _FakeKernel(compiled)
+    args, key = ("x", 3, None, True), (kernel, 2, "specialisation")
+    triton_kernels._launch_eager(kernel, 7, args, 4, key)
+    assert kernel.launches == [((7,), args, {"num_warps": 4})] and compiled.calls == []
+    assert triton_kernels._COMPILED[key] is compiled
+    triton_kernels._launch_eager(kernel, 9, args, 4, key)
+    assert len(kernel.launches) == 1
+    assert compiled.calls == [(9, 1, 1, 1002, "function", "packed metadata", None, None, None, *args)]
+    # A launch hook (a profiler's): the launcher gets the metadata and both hooks.
+    runtime = triton.knobs.runtime
+    enter = type(runtime.launch_enter_hook)()
+    enter.add(lambda metadata: None)
+    monkeypatch.setattr(runtime, "launch_enter_hook", enter)
+    triton_kernels._launch_eager(kernel, 9, args, 4, key)
+    assert compiled.calls[-1] == (9, 1, 1, 1002, "function", "packed metadata", ("metadata", (9, 1, 1), 1002, 4),
+                                  enter, runtime.launch_exit_hook, *args)  # fmt: skip
+    # Another key: the usual launch first.
+    triton_kernels._launch_eager(kernel, 5, args, 8, (kernel, 2, "other"))
+    assert kernel.launches[-1] == ((5,), args, {"num_warps": 8}) and len(compiled.calls) == 2
+    # A launcher that refuses the arguments: nothing launched, the usual launch instead, and
+    # from then on only the usual launch.
+    compiled.fail = True
+    triton_kernels._launch_eager(kernel, 6, args, 4, key)
+    assert kernel.launches[-1] == ((6,), args, {"num_warps": 4}) and len(compiled.calls) == 2
+    assert triton_kernels._DIRECT_LAUNCH is False
+    compiled.fail = False
+    triton_kernels._launch_eager(kernel, 6, args, 4, key)
+    assert len(kernel.launches) == 4 and len(compiled.calls) == 2
+
+
+class _CountingRun:
+    """Wraps a JIT kernel's run (Triton's Python launcher), counting its calls."""
+
+    def __init__(self, run):
+        self.run, self.calls = run, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.run(*args, **kwargs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "misaligned", "sliced"])
+@pytest.mark.parametrize("M,H", [(2048, 1024), (67, 4097), (5, 16385)])
+def test_direct_launch_gives_the_launchers_bits(M, H, layout, dtype, monkeypatch):
+    # The eager path's direct launches (_launch_eager: the compiled kernel's launcher, Triton's
+    # Python launcher skipped) give bitwise what Triton's launcher gives, forward and backward,
+    # for aligned, misaligned and strided rows (each its own specialisation); and once a
+    # specialisation has been launched, later calls do skip Triton's launcher.
+    assert triton_kernels._DIRECT_SUPPORTED, "the direct launch is off on this Triton: see _direct_launch_supported"
+    x, g, w, b = _inputs(("direct", layout), M, H, dtype, "cuda", layout)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", False)
+    launcher = run_backend("triton", x, g, w, b, 1e-6)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", True)
+    run_backend("triton", x, g, w, b, 1e-6)  # the first launch of each specialisation: Triton's launcher
+    counters = {}
+    for name in ("_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel"):
+        kernel = getattr(triton_kernels, name)
+        counters[name] = _CountingRun(kernel.run)
+        monkeypatch.setattr(kernel, "run", counters[name], raising=False)
+    direct = run_backend("triton", x, g, w, b, 1e-6)
+    torch.cuda.synchronize()
+    assert {name: c.calls for name, c in counters.items()} == {name: 0 for name in counters}
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(getattr(direct, name), getattr(launcher, name)), name
+    check_against_oracle(direct, x, g, w, b, 1e-6, what=f"direct launch M={M} H={H} {layout} {dtype}")
 
 
 @requires_cuda
