@@ -33,8 +33,14 @@ Layout of the work
 - BLOCK_M, BLOCK_H and num_warps depend on H and the dtype only, never on M, so a row's
   y and dx are bitwise the same whatever batch the row arrives in.
 - dw and db: each backward program writes its rows' sums to a [programs, 4] partials
-  buffer; a second one-program kernel adds them in a fixed order. No atomics, so the
-  bits are the same on every run.
+  buffer, and they are added in a fixed order (``_sum_partials``) in one of two forms of
+  the same kernel (FUSED_PARAMS): eager calls launch once, and the last program to finish
+  (an atomic ticket on an arrival counter) adds them; the registered ops, which
+  torch.compile, export and AOTInductor trace, launch a second one-program kernel to add
+  them. No atomics on the values, so the bits are the same on every run, in both forms.
+
+- Eager calls (PolyNormTritonFunction) launch each specialisation's compiled kernel through
+  its launcher directly once Triton's Python launcher has compiled it (``_launch_eager``).
 
 With ``TRITON_INTERPRET=1`` set before this module is imported, the same kernels run on
 CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests them.
@@ -42,6 +48,7 @@ CPU tensors in Triton's interpreter (slowly): that is how CI without a GPU tests
 
 import contextlib
 import functools
+import math
 import os
 
 import torch
@@ -285,6 +292,12 @@ def _poly_norm_bwd_kernel(
     BLOCK_H: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
     HAS_MUL: tl.constexpr,  # PolyNorm x mul: g = grad_out * mul drives dx, dw, db; grad_mul too
+    # One launch: the last program to finish sums the partials (_sum_partials) into grad_ptr.
+    # False: a second launch does (_poly_norm_bwd_param_kernel), and the two pointers below
+    # are unread.
+    FUSED_PARAMS: tl.constexpr = False,
+    counter_ptr=None,  # (1,) int32, 0 before the launch and after it: programs done so far
+    grad_ptr=None,  # (4,) rstd's dtype: [dw0, dw1, dw2, db]
 ):
     ACC = partials_ptr.dtype.element_ty
     pid = tl.program_id(0)
@@ -382,6 +395,49 @@ def _poly_norm_bwd_kernel(
     tl.store(out + 2, tl.sum(p_w2, axis=0))
     tl.store(out + 3, tl.sum(p_b, axis=0))
 
+    if FUSED_PARAMS:
+        # The last program to finish sums every program's partial, in the order of
+        # _sum_partials, which depends on num_programs only: the same bits whichever program
+        # is last, and the same as the two-launch form's. Every thread's stores above come
+        # before the barrier, the barrier before the ticket, whose release publishes them to
+        # the program that draws the last ticket (its acquire; the CUDA backward's
+        # finish_param_grads, with a fence in each thread instead, does the same).
+        tl.debug_barrier()
+        ticket = tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_programs - 1:
+            tl.store(grad_ptr + tl.arange(0, 4), _sum_partials(partials_ptr, num_programs))
+            tl.store(counter_ptr, 0)  # back to 0 for the next launch on this counter
+
+
+# _sum_partials adds the partials on 2^_PARTIAL_LEVELS lanes: part of its order, so of dW's
+# and dB's bits, and the same in both forms of the backward.
+_PARTIAL_LEVELS = tl.constexpr(8)
+_PARTIAL_LANES = tl.constexpr(2**8)
+
+
+@triton.jit
+def _sum_partials(partials_ptr, P):
+    # The sums of the rows of partials [P, 4], [4] (unrounded: autograd rounds each to its
+    # parameter's dtype), added in an order fixed by P alone, never by the program's layout
+    # (num_warps, which differ between the backward kernel's configurations and the param
+    # kernel's): lane l of _PARTIAL_LANES adds rows l, l + lanes, l + 2 lanes, ... in turn;
+    # then _PARTIAL_LEVELS halvings, lane l of the lower half adding lane l + half. Each step
+    # adds two numbers, which gives the same bits in either order. (tl.sum over all the lanes
+    # would add them in a tree that follows the layout.)
+    ACC = partials_ptr.dtype.element_ty
+    offs = tl.arange(0, _PARTIAL_LANES)
+    cols = tl.arange(0, 4)
+    acc = tl.zeros([_PARTIAL_LANES, 4], ACC)
+    for p0 in range(0, P, _PARTIAL_LANES):
+        p = p0 + offs
+        # .cg: from L2, where the other programs' partials are, never a stale L1 line.
+        acc += tl.load(
+            partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0, cache_modifier=".cg"
+        )
+    for level in tl.static_range(1, _PARTIAL_LEVELS + 1):
+        acc = tl.sum(tl.reshape(acc, [2, _PARTIAL_LANES >> level, 4]), axis=0)
+    return tl.reshape(acc, [4])  # dw0, dw1, dw2, db
+
 
 @triton.jit
 def _poly_norm_bwd_param_kernel(
@@ -389,18 +445,12 @@ def _poly_norm_bwd_param_kernel(
     P,
     grad_w_ptr,  # (3,) the partials' dtype
     grad_b_ptr,  # (1,) the partials' dtype
-    BLOCK_P: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # _PARTIAL_LANES: the order of the sum is that of the one-launch form
 ):
-    # One program: adds the partials in a fixed order (BLOCK_P lanes, then a fixed tree),
-    # and stores the sums unrounded: autograd rounds each to its parameter's dtype.
-    ACC = partials_ptr.dtype.element_ty
-    offs = tl.arange(0, BLOCK_P)
+    # The two-launch form's second launch, one program: the sums of _sum_partials.
+    tl.static_assert(BLOCK_P == _PARTIAL_LANES)
+    total = _sum_partials(partials_ptr, P)
     cols = tl.arange(0, 4)
-    acc = tl.zeros([BLOCK_P, 4], ACC)
-    for p0 in range(0, P, BLOCK_P):
-        p = p0 + offs
-        acc += tl.load(partials_ptr + p[:, None] * 4 + cols[None, :], mask=(p < P)[:, None], other=0.0)
-    total = tl.sum(acc, axis=0)  # [4]: dw0, dw1, dw2, db
     tl.store(grad_w_ptr + cols, total, mask=cols < 3)
     db = tl.sum(tl.where(cols == 3, total, 0.0), axis=0)
     tl.store(grad_b_ptr, db)
@@ -640,8 +690,12 @@ def _mul_forward_impl(x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, eps,
     return _forward_launch(x, mul, weight, bias, eps, launch)
 
 
-def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch):
-    """(y or out, rstd) for checked arguments: out = y * mul when mul is given."""
+def _forward_launch(
+    x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, eps: float, launch, eager: bool = False
+):
+    """(y or out, rstd) for checked arguments: out = y * mul when mul is given. ``eager``: a
+    call of :class:`PolyNormTritonFunction`, whose tensors hold data (:func:`eager_fast_path`
+    and the checks): no :func:`_launchable` test."""
     x_rows, M, H, x_row_stride = _as_rows(x)
     # Without mul the kernel's mul arguments are x's: HAS_MUL=False never reads them.
     mul_rows, _, _, mul_row_stride = (x_rows, M, H, x_row_stride) if mul is None else _as_rows(mul)
@@ -654,9 +708,20 @@ def _forward_launch(x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor,
     w, w_stride = _flat(weight)
     b, _ = _flat(bias)
     block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
-    if _launchable(x_rows, mul_rows, w, b):
+    grid = (M + block_m - 1) // block_m
+    if eager:  # PolyNormTritonFunction: no mul
         with _on_device_of(x):
-            launch(_poly_norm_fwd_kernel)[((M + block_m - 1) // block_m,)](
+            args = (x_rows, x_row_stride, x_rows, x_row_stride, y, rstd, w, w_stride, b, M, H, eps,
+                    block_m, block_h, one_block, False)  # fmt: skip
+            # What Triton specialises the compiled kernel on, beyond the constexprs: each
+            # pointer's dtype and 16-byte alignment, each int's value class (M: int32 or not).
+            key = (_poly_norm_fwd_kernel, x.get_device(), H, x.dtype, w.dtype, b.dtype, x_row_stride, w_stride,
+                   M <= _INT32_MAX, block_m, block_h, one_block, num_warps,
+                   _aligned(x_rows), _aligned(y), _aligned(rstd), _aligned(w), _aligned(b))  # fmt: skip
+            _launch_eager(_poly_norm_fwd_kernel, grid, args, num_warps, key)
+    elif _launchable(x_rows, mul_rows, w, b):
+        with _on_device_of(x):
+            launch(_poly_norm_fwd_kernel)[(grid,)](
                 x_rows, x_row_stride, mul_rows, mul_row_stride, y, rstd, w, w_stride, b, M, H, eps,
                 BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=mul is not None,
                 num_warps=num_warps,
@@ -684,7 +749,8 @@ def _mul_backward_impl(
 def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor | None, rstd, launch):
     """(grad_x, grad_mul, grad_weight, grad_bias) for checked arguments; grad_mul is None
     without mul. With mul, grad_y is grad_out (of out = y * mul) and bias is needed: y is
-    recomputed for grad_mul."""
+    recomputed for grad_mul. Two launches: the backward kernel, then the parameter sums
+    (the registered ops; :func:`_eager_backward` is the one-launch form)."""
     acc = _acc_dtype(x.dtype)
     has_mul = mul is not None
     x_rows, M, H, x_row_stride = _as_rows(x)
@@ -710,15 +776,235 @@ def _backward_launch(grad_y: Tensor, x: Tensor, mul: Tensor | None, weight: Tens
     partials = x.new_empty((max_programs, 4), dtype=acc)
     if _launchable(x_rows, g_rows, mul_rows, w, b, rstd_c):
         with _on_device_of(x):
+            # FUSED_PARAMS=False leaves counter_ptr and grad_ptr unread: partials stands in
+            # for both, a tensor as wrap_triton records every argument.
             launch(_poly_norm_bwd_kernel)[(num_programs,)](
                 g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, w, w_stride, b,
                 grad_x, grad_mul if has_mul else g_rows, partials, M, H,
-                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul, num_warps=num_warps,
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, HAS_MUL=has_mul,
+                FUSED_PARAMS=False, counter_ptr=partials, grad_ptr=partials, num_warps=num_warps,
             )  # fmt: skip
             launch(_poly_norm_bwd_param_kernel)[(1,)](
-                partials, num_programs, grad_weight, grad_bias, BLOCK_P=256, num_warps=4
+                partials, num_programs, grad_weight, grad_bias, BLOCK_P=_PARTIAL_LANES.value, num_warps=4
             )
     return grad_x, grad_mul, grad_weight, grad_bias
+
+
+def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> tuple[Tensor, Tensor]:
+    """(grad_x, grads) of :class:`PolyNormTritonFunction`'s backward, in one launch: grads is
+    ``[dw0, dw1, dw2, db]`` in rstd's dtype (the accumulation dtype), summed by the kernel's
+    last program from an arrival counter and partials cached per stream
+    (:func:`_eager_param_buffers`); bitwise what the two launches of :func:`_backward_launch`
+    give. The arguments are checked, hold data, and rstd is the forward's own (contiguous,
+    of the accumulation dtype). A launch captured into a CUDA graph on a device where no
+    eager backward has run yet takes the two launches (no counter can be zeroed there)."""
+    x_rows, M, H, x_row_stride = _as_rows(x)
+    g_rows, _, _, g_row_stride = _as_rows(grad_y)
+    grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
+    acc = rstd.dtype
+    if M == 0:
+        return grad_x, x.new_zeros((4,), dtype=acc)
+    grads = torch.empty(4, dtype=acc, device=x.device)  # [dw0, dw1, dw2, db]: one allocation for both
+    w, w_stride = _flat(weight)
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
+    num_programs, max_programs = _bwd_num_programs((M + block_m - 1) // block_m, num_warps, x.device)
+    with _on_device_of(x):
+        buffers = _eager_param_buffers(x, acc, max_programs)
+        counter, partials = buffers if buffers is not None else (None, x.new_empty((max_programs, 4), dtype=acc))
+        fused = counter is not None
+        if not fused:
+            counter = partials  # unread (FUSED_PARAMS=False)
+        # Without mul: the kernel's mul, bias and grad_mul arguments stand for inputs it
+        # already reads (grad_y, weight); HAS_MUL=False neither reads nor writes them.
+        args = (g_rows, g_row_stride, g_rows, g_row_stride, x_rows, x_row_stride, rstd, w, w_stride, w,
+                grad_x, g_rows, partials, M, H, block_m, block_h, one_block, False, fused, counter, grads)  # fmt: skip
+        # As in _forward_launch: the specialisation beyond the constexprs, here with the
+        # counter's and the partials' pointers (cached, so 16-byte aligned, as fresh outputs).
+        key = (_poly_norm_bwd_kernel, x.get_device(), H, x.dtype, w.dtype, g_row_stride, x_row_stride, w_stride,
+               M <= _INT32_MAX, block_m, block_h, one_block, num_warps, fused, _aligned(g_rows), _aligned(x_rows),
+               _aligned(rstd), _aligned(w), _aligned(grad_x), _aligned(partials), _aligned(counter),
+               _aligned(grads))  # fmt: skip
+        _launch_eager(_poly_norm_bwd_kernel, num_programs, args, num_warps, key)
+        if not fused:
+            _poly_norm_bwd_param_kernel[(1,)](
+                partials, num_programs, grads, grads[3:], BLOCK_P=_PARTIAL_LANES.value, num_warps=4
+            )
+    return grad_x, grads
+
+
+# ----------------------------------------------------------------------------------------
+# Direct launches: the eager path's kernels without Triton's Python launcher
+# ----------------------------------------------------------------------------------------
+
+# ``kernel[grid](*args)`` costs 18-37 us of host time a launch through Triton 3.6's Python
+# launcher on an H200's host (bench/NOTES.md): it binds and specialises every argument, builds
+# the cache key, checks the kernel's globals, then calls the compiled kernel's launcher. For
+# the eager path (PolyNormTritonFunction) the first launch of each specialisation goes through
+# it and hands back the compiled kernel, kept here under a key of everything Triton specialised
+# it on (:func:`_launch_eager`'s callers build it: the device, the constexprs and num_warps,
+# each pointer's dtype and 16-byte alignment, each int's value, M's int32 range); later
+# launches with that key call the compiled kernel's launcher directly, as Triton's own last
+# step does (``CompiledKernel.run`` with the function, packed metadata and launch hooks; the
+# same call in Triton 3.6 and 3.8). Off: under the interpreter, when the kernels or the
+# compiled kernel lack what the call needs (feature-detected), after any TypeError from that
+# call (a launcher of another signature: nothing was launched), and with _DIRECT_LAUNCH False.
+_DIRECT_LAUNCH = True
+_COMPILED: dict[tuple, object] = {}  # key -> CompiledKernel
+_INT32_MAX = 2**31 - 1
+# The parameters, in order, that the eager callers pass positionally (Triton hands the
+# launcher every parameter, constexprs included, in this order).
+_FWD_PARAMS = ("x_ptr", "x_row_stride", "mul_ptr", "mul_row_stride", "y_ptr", "rstd_ptr", "w_ptr", "w_stride", "b_ptr",
+               "M", "H", "eps", "BLOCK_M", "BLOCK_H", "ONE_BLOCK", "HAS_MUL")  # fmt: skip
+_BWD_PARAMS = ("g_ptr", "g_row_stride", "mul_ptr", "mul_row_stride", "x_ptr", "x_row_stride", "rstd_ptr", "w_ptr",
+               "w_stride", "b_ptr", "dx_ptr", "dmul_ptr", "partials_ptr", "M", "H", "BLOCK_M", "BLOCK_H", "ONE_BLOCK",
+               "HAS_MUL", "FUSED_PARAMS", "counter_ptr", "grad_ptr")  # fmt: skip
+
+
+def _direct_launch_supported() -> bool:
+    """Whether this Triton's kernels and knobs look as the direct launch expects."""
+    if _interpreted():
+        return False
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    return (
+        runtime is not None
+        and hasattr(runtime, "launch_enter_hook")
+        and hasattr(runtime, "launch_exit_hook")
+        and tuple(getattr(_poly_norm_fwd_kernel, "arg_names", ())) == _FWD_PARAMS
+        and tuple(getattr(_poly_norm_bwd_kernel, "arg_names", ())) == _BWD_PARAMS
+        and hasattr(_poly_norm_fwd_kernel, "pre_run_hooks")
+        and hasattr(_poly_norm_bwd_kernel, "pre_run_hooks")
+        and hasattr(torch._C, "_cuda_getCurrentRawStream")
+    )
+
+
+_DIRECT_SUPPORTED = _direct_launch_supported()
+
+
+def _aligned(t: Tensor) -> bool:
+    return t.data_ptr() % 16 == 0
+
+
+def _no_hooks(hook) -> bool:
+    # Triton's launch hooks are HookChains (empty unless a profiler such as proton added one),
+    # or None.
+    return hook is None or (type(hook).__name__ == "HookChain" and not getattr(hook, "calls", True))
+
+
+def _launch_eager(kernel, grid: int, args: tuple, num_warps: int, key: tuple) -> None:
+    """``kernel[(grid,)](*args, num_warps=num_warps)`` on the current device and stream, through
+    the compiled kernel's launcher directly once ``key`` has been launched the usual way (see
+    above). ``args``: every parameter of the kernel, in order."""
+    global _DIRECT_LAUNCH
+    compiled = _COMPILED.get(key) if _DIRECT_LAUNCH else None
+    if compiled is not None and not kernel.pre_run_hooks:
+        runtime = triton.knobs.runtime
+        enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+        stream = torch._C._cuda_getCurrentRawStream(key[1])
+        if _no_hooks(enter) and _no_hooks(leave):
+            metadata = enter = leave = None
+        else:
+            metadata = compiled.launch_metadata((grid, 1, 1), stream, *args)
+        try:
+            compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, metadata, enter, leave, *args)
+            return
+        except TypeError:  # a launcher that takes other arguments: launch as Triton does, from now on
+            _DIRECT_LAUNCH = False
+    compiled = kernel[(grid,)](*args, num_warps=num_warps)
+    if (
+        _DIRECT_LAUNCH
+        and _DIRECT_SUPPORTED
+        and getattr(compiled, "function", None) is not None
+        and hasattr(compiled, "packed_metadata")
+        and hasattr(compiled, "launch_metadata")
+        and hasattr(compiled, "run")
+    ):
+        _COMPILED[key] = compiled
+
+
+# ----------------------------------------------------------------------------------------
+# The one-launch backward's arrival counters and partials (eager calls only)
+# ----------------------------------------------------------------------------------------
+
+# Arrival counters, as the CUDA backward's (csrc/polynorm_cuda.cuh, arrival_counter): int32
+# slots of one zeroed buffer a device, each 0 between launches (the last program resets its
+# own). Two launches must never run on one counter, or on one partials buffer, at the same
+# time:
+# - An eager launch takes its stream's counter and partials. Launches on one stream run one
+#   after another. Streams get counters in order of first use; past _STREAM_SLOTS streams on a
+#   device they share slots, which matters only if two of those run a backward at once.
+# - A launch captured into a CUDA graph takes a counter of its own, never used by another
+#   launch (a graph may be replayed on any stream, while eager work runs), and partials from
+#   the graph's own memory pool. Past _CAPTURE_SLOTS captures on a device, capture counters
+#   are reused, oldest first. A buffer cannot be allocated and zeroed during a capture (the
+#   zeroing would be recorded, not run): a capture on a device where no eager backward has
+#   run yet takes the two-launch form.
+# Slots are 16 bytes apart: Triton specialises a kernel on each pointer's 16-byte alignment,
+# so every slot gets the same compiled kernel. 256 KiB a device, as the CUDA side's.
+_STREAM_SLOTS = 4096
+_CAPTURE_SLOTS = 12288
+_SLOT_INTS = 4  # int32 a slot: 16 bytes
+
+
+class _DeviceCounters:
+    """One device's arrival counters: _STREAM_SLOTS + _CAPTURE_SLOTS slots of 16 bytes, zeros."""
+
+    def __init__(self, device: torch.device):
+        slots = _STREAM_SLOTS + _CAPTURE_SLOTS
+        self.counters = torch.zeros(slots * _SLOT_INTS, dtype=torch.int32, device=device)
+        if device.type == "cuda":
+            # The zeros were written on the current stream; a launch on another stream must
+            # not read the counters before that: wait for them once.
+            torch.cuda.synchronize(device)
+        self.streams = 0  # stream slots handed out
+        self.captures = 0  # capture slots handed out
+
+    def _slot(self, slot: int) -> Tensor:
+        return self.counters[slot * _SLOT_INTS : slot * _SLOT_INTS + 1]
+
+    def stream_slot(self) -> Tensor:
+        slot = self.streams % _STREAM_SLOTS
+        self.streams += 1
+        return self._slot(slot)
+
+    def capture_slot(self) -> Tensor:
+        slot = _STREAM_SLOTS + self.captures % _CAPTURE_SLOTS
+        self.captures += 1
+        return self._slot(slot)
+
+
+_DEVICE_COUNTERS: dict[int, _DeviceCounters] = {}  # device index (-1: the CPU) -> its counters
+# (device index, stream, acc dtype) -> (counter, partials [cap, 4]) of eager launches
+_STREAM_BUFFERS: dict[tuple, tuple[Tensor, Tensor]] = {}
+
+
+def _eager_param_buffers(x: Tensor, acc: torch.dtype, cap: int) -> tuple[Tensor, Tensor] | None:
+    """(counter, partials) for a one-launch backward on x's device and current stream (call
+    it with x's device current), or None: a capture on a device without counters yet, whose
+    launch takes the two-launch form. partials has at least ``cap`` rows of dtype acc."""
+    if not x.is_cuda:  # the interpreter: one launch at a time
+        index, stream = -1, 0
+    else:
+        index = x.get_device()
+        if torch.cuda.is_current_stream_capturing():
+            counters = _DEVICE_COUNTERS.get(index)
+            if counters is None:
+                return None
+            return counters.capture_slot(), x.new_empty((cap, 4), dtype=acc)
+        stream = torch._C._cuda_getCurrentRawStream(index)
+    key = (index, stream, acc)
+    buffers = _STREAM_BUFFERS.get(key)
+    if buffers is None or buffers[1].shape[0] < cap:
+        counters = _DEVICE_COUNTERS.get(index)
+        if counters is None:
+            counters = _DEVICE_COUNTERS[index] = _DeviceCounters(x.device)
+        # One counter a stream, whatever acc: a stream's launches never overlap.
+        same_stream = [b for k, b in _STREAM_BUFFERS.items() if k[:2] == (index, stream)]
+        counter = same_stream[0][0] if same_stream else counters.stream_slot()
+        # Every cap of this device (the grid's largest size, for any H).
+        rows = _sm_count(x.device) * _BWD_WARPS_PER_SM if x.is_cuda else cap
+        buffers = _STREAM_BUFFERS[key] = (counter, x.new_empty((max(rows, cap), 4), dtype=acc))
+    return buffers
 
 
 @_op("polynorm::forward_triton", mutates_args=(), schema=_FWD_SCHEMA)
@@ -881,13 +1167,14 @@ _PLAIN = (Tensor, torch.nn.Parameter)
 def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
     """Whether :class:`PolyNormTritonFunction` may serve this call instead of the registered
     op: eager mode (not being traced by torch.compile, no torch.func transform, no dispatch
-    or function mode), x a plain
-    tensor with data (not a subclass such as DTensor, whose sharding rules live on the
-    registered op; not fake or meta), weight and bias plain tensors or parameters, and eps
-    already a Python number."""
+    or function mode), x a plain tensor with data (not a subclass such as DTensor, whose
+    sharding rules live on the registered op, nor fake, functional or meta), weight and
+    bias plain tensors or parameters, and eps already a Python number."""
     return (
         isinstance(eps, (int, float))
-        and type(x) in _PLAIN  # not a subclass (a DTensor's data is not its own: its ops dispatch)
+        # Not a subclass: a DTensor's data is not its own (its ops dispatch), and fake tensors
+        # and Python functional tensors are subclasses too.
+        and type(x) in _PLAIN
         and type(weight) in _PLAIN
         and type(bias) in _PLAIN
         and not torch.compiler.is_compiling()
@@ -896,8 +1183,33 @@ def eager_fast_path(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
         # policies, debug modes) must see the op, which direct launches would hide.
         and torch._C._len_torch_dispatch_stack() == 0
         and not torch._C._is_torch_function_mode_enabled()
-        and not is_fake(x)
+        # The wrappers of plain type that may hold a fake tensor (is_fake's other cases, at
+        # a tenth of its cost): C++ functional tensors and torch.func's wrapped tensors.
+        and not torch._is_functional_tensor(x)
+        and not torch._C._functorch.is_functorch_wrapped_tensor(x)
         and not x.is_meta
+    )
+
+
+_FLOAT_DTYPES = frozenset((torch.float32, torch.float64, torch.float16, torch.bfloat16))
+
+
+def _forward_args_hold(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
+    """Whether :func:`check_forward_args` holds with eps a Python float, from a few comparisons
+    (about a third of the checks' host time), for tensors that :func:`eager_fast_path` let
+    through. False: the caller runs the checks, which raise, or give eps as a float."""
+    return (
+        type(eps) is float
+        and 0.0 <= eps < math.inf  # NaN fails
+        and x.dtype in _FLOAT_DTYPES
+        and weight.dtype in _FLOAT_DTYPES
+        and bias.dtype in _FLOAT_DTYPES
+        and x.dim() >= 1
+        and x.shape[-1] >= 1
+        and weight.numel() == 3
+        and bias.numel() == 1
+        and weight.device == x.device
+        and bias.device == x.device
     )
 
 
@@ -906,28 +1218,34 @@ class PolyNormTritonFunction(torch.autograd.Function):
 
     The registered ops (``torch.ops.polynorm.forward_triton``/``backward_triton``, whose
     launches torch.compile, export and AOTInductor record) go through the dispatcher and
-    ``wrap_triton`` on every eager call. This Function runs the same bodies, with the same
-    checks, and launches the kernels directly (on an H200's host it cut the host time of a
-    call by about 13%, bench/NOTES.md; ``bench/triton_host.py`` times where the rest goes).
-    Its backward skips the argument checks that the forward and autograd already guarantee
-    (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever
+    ``wrap_triton`` on every eager call. This Function runs the same kernels, with the same
+    checks, launched directly (and, once compiled, through their launchers without Triton's
+    Python launcher: :func:`_launch_eager`), and its backward launches once where the op
+    launches twice (:func:`_eager_backward`: the kernel's last program sums dW and dB, the
+    same bits).
+    Checks that hold already are not repeated: the forward's in a few comparisons for the
+    common call (:func:`_forward_args_hold`), the backward's where the forward and autograd
+    guarantee them (:func:`_saved_args_hold`). :func:`polynorm.poly_norm` uses it whenever
     :func:`eager_fast_path` holds, and the registered ops otherwise. The backward keeps the
     op path when a graph of the gradient is recorded (``create_graph=True``), whose autograd
-    refuses a double backward with a clear message.
+    refuses a double backward with a clear message. ``bench/triton_host.py`` times where the
+    host time goes.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, eps: float, records: bool) -> Tensor:
         """``records``: a backward is recorded (grad mode on and an input requiring grad), as
         the caller saw it before ``apply`` (``ctx.needs_input_grad`` ignores grad mode)."""
-        y, rstd = _forward_impl(x, weight, bias, eps, _launch_directly)
+        if not _forward_args_hold(x, weight, bias, eps):
+            eps = check_forward_args(_FWD, x, weight, bias, eps)  # raises, or gives eps as a float
+        _check_runs_here(_FWD, x)
+        y, rstd = _forward_launch(x, None, weight, bias, eps, _launch_directly, eager=True)
         ctx.set_materialize_grads(False)  # no zero grad_y for an unused y, no kernel for it
         if records:
             # An x made under torch.inference_mode() cannot be saved for backward: the
             # parameter gradients need its rows, so it is copied once (as the op path does).
             ctx.save_for_backward(x.clone() if x.is_inference() else x, weight, rstd)
-            ctx.weight_shape, ctx.weight_dtype = weight.shape, weight.dtype
-            ctx.bias_shape, ctx.bias_dtype = bias.shape, bias.dtype
+            ctx.params = (weight.shape, weight.dtype, bias.shape, bias.dtype)
         return y
 
     @staticmethod
@@ -935,19 +1253,25 @@ class PolyNormTritonFunction(torch.autograd.Function):
         if grad_y is None:  # y did not reach the loss: every gradient is zero
             return None, None, None, None, None
         x, weight, rstd = ctx.saved_tensors
+        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+        weight_shape, weight_dtype, bias_shape, bias_dtype = ctx.params
         if torch.is_grad_enabled():  # create_graph=True: the op, whose autograd refuses double backward
             grad_x, grad_weight, grad_bias = torch.ops.polynorm.backward_triton(grad_y, x, weight, rstd)
         else:
             if not _saved_args_hold(ctx, grad_y, x, weight):
                 check_backward_args(_BWD, grad_y, x, weight, rstd)  # raises, naming what changed
-            grad_x, _, grad_weight, grad_bias = _backward_launch(grad_y, x, None, weight, None, rstd, _launch_directly)
-        need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
+            grad_x, grads = _eager_backward(grad_y, x, weight, rstd)
+            if not (need_weight or need_bias):
+                return grad_x, None, None, None, None
+            if weight_dtype == bias_dtype and grads.dtype != weight_dtype:
+                grads = grads.to(weight_dtype)  # both rounded in one conversion
+            grad_weight, grad_bias = grads.split_with_sizes((3, 1))  # two views in one call
         # grad_weight and grad_bias come in the accumulation dtype: rounded once, here, to
         # each parameter's own dtype and shape.
         return (
             grad_x if need_x else None,
-            _as_param(grad_weight, ctx.weight_dtype, ctx.weight_shape) if need_weight else None,
-            _as_param(grad_bias, ctx.bias_dtype, ctx.bias_shape) if need_bias else None,
+            _as_param(grad_weight, weight_dtype, weight_shape) if need_weight else None,
+            _as_param(grad_bias, bias_dtype, bias_shape) if need_bias else None,
             None,
             None,
         )
@@ -958,18 +1282,20 @@ def _saved_args_hold(ctx, grad_y: Tensor, x: Tensor, weight: Tensor) -> bool:
     from a few comparisons (about 1 us of host time, against about 8 for the checks).
 
     The forward checked x and weight; rstd is its own output, ``[M, 3]`` of the accumulation
-    dtype on x's device, which the user never held; and autograd's engine hands grad_y over with
-    y's shape, dtype and device (it reduces, casts or refuses a gradient that differs), which
-    were x's. So every check holds unless x or weight was swapped since (``t.data = ...``,
-    which autograd allows on a saved tensor): x still has grad_y's shape, dtype and device, and
-    weight its forward shape and dtype, on x's device. False: the caller runs the checks.
+    dtype on x's device, contiguous, which the user never held; and autograd's engine hands
+    grad_y over with y's shape, dtype and device (it reduces, casts or refuses a gradient that
+    differs), which were x's. So every check holds unless x or weight was swapped since
+    (``t.data = ...``, which autograd allows on a saved tensor): x still has grad_y's shape,
+    dtype and device, and weight its forward shape and dtype, on x's device. False: the caller
+    runs the checks.
     """
+    weight_shape, weight_dtype = ctx.params[:2]
     return (
         x.shape == grad_y.shape
         and x.dtype == grad_y.dtype
         and x.device == grad_y.device
-        and weight.shape == ctx.weight_shape
-        and weight.dtype == ctx.weight_dtype
+        and weight.shape == weight_shape
+        and weight.dtype == weight_dtype
         and weight.device == x.device
     )
 

@@ -20,6 +20,7 @@ from _matrix import (
     closed_form_mul,
     make_params,
     make_rows,
+    poisoned_outputs,
     requires_cuda,
     requires_interpreter,
     run_backend,
@@ -225,6 +226,36 @@ def test_errors(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_fast_path_checks_as_the_op(device):
+    # PolyNormTritonFunction checks its arguments in a few comparisons (_forward_args_hold) and
+    # runs the op's checks only when one fails: every refused argument gets the op's error and
+    # message, and an int eps the op's result.
+    x, _, w, b = _inputs("fast_checks", 4, 8, torch.float32, device)
+    bad = [
+        (x.int(), w, b, 1e-6),
+        (torch.tensor(1.0, device=device), w, b, 1e-6),
+        (torch.randn(4, 0, device=device), w, b, 1e-6),
+        (x, torch.randn(4, device=device), b, 1e-6),
+        (x, w.int(), b, 1e-6),
+        (x, w, torch.randn(2, device=device), 1e-6),
+        (x, w, b.int(), 1e-6),
+        (x, w, b, -1.0),
+        (x, w, b, float("nan")),
+        (x, w, b, float("inf")),
+    ]
+    if device == "cuda":
+        bad += [(x, w.cpu(), b, 1e-6), (x, w, b.cpu(), 1e-6)]
+    for args in bad:
+        with pytest.raises(Exception) as op_error:
+            torch.ops.polynorm.forward_triton(*args)
+        with pytest.raises(type(op_error.value)) as fast_error:
+            triton_kernels.PolyNormTritonFunction.apply(*args, False)
+        assert str(fast_error.value) == str(op_error.value)
+    y_int = triton_kernels.PolyNormTritonFunction.apply(x, w, b, 1, False)
+    torch.testing.assert_close(y_int, torch.ops.polynorm.forward_triton(x, w, b, 1.0)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_backward_checks_a_swapped_saved_tensor(device):
     # PolyNormTritonFunction's backward skips the checks that the forward and autograd already
     # guarantee (triton_kernels._saved_args_hold), except for a saved x or weight swapped since
@@ -271,6 +302,290 @@ def test_backward_deterministic(device, dtype):
     second = torch.ops.polynorm.backward_triton(g, x, w, rstd)
     for a, c in zip(first, second):
         assert torch.equal(a, c)
+
+
+# ---------------------------------------------------------------------------------------
+# The one-launch backward (FUSED_PARAMS): the last program to finish sums dW and dB
+# ---------------------------------------------------------------------------------------
+
+
+class _NoSecondLaunch:
+    """Stands in for _poly_norm_bwd_param_kernel where the one-launch form must not launch it."""
+
+    def __getitem__(self, grid):
+        raise AssertionError("the one-launch backward launched the param kernel")
+
+
+def _both_forms(g, x, w, rstd, monkeypatch):
+    """(two launches, one launch, one launch again): (grad_x, grad_weight, grad_bias) from
+    _backward_launch (the ops' two launches) and from _eager_backward (PolyNormTritonFunction's
+    one launch) for the same arguments, every output poisoned first (an unwritten dW or dB is
+    NaN)."""
+    with poisoned_outputs():
+        grad_x, _, grad_weight, grad_bias = triton_kernels._backward_launch(
+            g, x, None, w, None, rstd, triton_kernels._launch_directly
+        )
+        two = (grad_x, grad_weight, grad_bias)
+        runs = []
+        with monkeypatch.context() as patch:
+            patch.setattr(triton_kernels, "_poly_norm_bwd_param_kernel", _NoSecondLaunch())
+            for _ in range(2):
+                grad_x, grads = triton_kernels._eager_backward(g, x, w, rstd)
+                runs.append((grad_x, grads[:3], grads[3:]))
+    if x.is_cuda:
+        torch.cuda.synchronize(x.device)
+    return (two, *runs)
+
+
+def _counters_at_zero(device) -> bool:
+    index = torch.device(device).index if torch.device(device).type == "cuda" else -1
+    if index is None:
+        index = torch.cuda.current_device()
+    return not triton_kernels._DEVICE_COUNTERS[index].counters.any().item()
+
+
+# (M, H, warps per SM of the persistent grid, lanes of _sum_partials). On the GPU the grids
+# are the real ones (H = 1024 at M = 20000: 2112 programs on an H200, several tiles each, 8
+# partials a lane). The interpreter's grid is small (two "SMs") and slow a program, so there a
+# larger _BWD_WARPS_PER_SM and 8 lanes (the sum's code is the same for any power of two) give
+# more programs than lanes, and a smaller one gives programs of several tiles each.
+FUSED_CASES = {
+    "cpu": [(40, 2048, 4096, 8), (2000, 16, 16, None), (3, 769, None, None)],
+    "cuda": [(7, 1, None, None), (2048, 127, None, None), (20000, 1024, None, None), (3000, 4096, None, None),
+             (64, 16385, None, None)],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(
+    "device,case",
+    [
+        pytest.param(d, c, marks=m)
+        for d, m in (("cpu", requires_interpreter), ("cuda", requires_cuda))
+        for c in FUSED_CASES[d]
+    ],
+)
+def test_one_launch_backward_matches_two_launches(device, case, dtype, monkeypatch):
+    # The one-launch form's dW and dB (the last program's sum, _sum_partials) are bitwise the
+    # two-launch form's (the same sum in a second launch, under other num_warps), grad_x too
+    # (the same code), on every run; and the arrival counter is back at 0 after each launch
+    # (else the second one-launch run would find no last program and leave NaN).
+    M, H, warps_per_sm, lanes = case
+    if warps_per_sm is not None:
+        monkeypatch.setattr(triton_kernels, "_BWD_WARPS_PER_SM", warps_per_sm)
+    if lanes is not None:  # the interpreter reads the kernels' globals when it runs them
+        monkeypatch.setattr(triton_kernels, "_PARTIAL_LANES", triton_kernels.tl.constexpr(lanes))
+        monkeypatch.setattr(triton_kernels, "_PARTIAL_LEVELS", triton_kernels.tl.constexpr(lanes.bit_length() - 1))
+    x, g, w, b = _inputs(("one_launch", warps_per_sm), M, H, dtype, device)
+    y, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    acc = triton_kernels._acc_dtype(dtype)
+    block_m, _, _, num_warps = triton_kernels._launch_config(H, dtype, "backward")
+    programs, _ = triton_kernels._bwd_num_programs(-(-M // block_m), num_warps, x.device)
+    if device == "cpu" and lanes is not None:
+        assert programs > 4 * lanes, programs
+    two, one, again = _both_forms(g, x, w, rstd, monkeypatch)
+    for name, a, c, d in zip(("grad_x", "grad_weight", "grad_bias"), two, one, again):
+        assert torch.isfinite(c).all(), name
+        assert c.dtype == (acc if name != "grad_x" else dtype), (name, c.dtype)
+        assert torch.equal(a, c), (name, a.flatten()[:4].tolist(), c.flatten()[:4].tolist())
+        assert torch.equal(c, d), name
+    assert _counters_at_zero(device)
+    # The values themselves: the float64 oracle's.
+    check_against_oracle(Grads(y, *one), x, g, w, b, 1e-6, what=f"one launch M={M} H={H} {dtype}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_launch_counter_per_stream(device):
+    # Eager launches take their stream's counter and partials, cached: a second call reuses
+    # them (no allocation beyond the outputs), and another stream gets its own.
+    x, g, w, b = _inputs("per_stream", 40, 64, torch.float32, device)
+    _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    acc = torch.float32
+    num_warps = triton_kernels._launch_config(64, x.dtype, "backward")[3]
+    cap = triton_kernels._bwd_num_programs(10**9, num_warps, x.device)[1]
+    with triton_kernels._on_device_of(x):
+        first = triton_kernels._eager_param_buffers(x, acc, cap)
+        assert triton_kernels._eager_param_buffers(x, acc, cap) is first
+        assert first[1].shape[0] >= cap and first[1].dtype == acc and first[0].dtype == torch.int32
+        if device == "cuda":
+            with torch.cuda.stream(torch.cuda.Stream()):
+                other = triton_kernels._eager_param_buffers(x, acc, cap)
+            assert other[0].data_ptr() != first[0].data_ptr()
+            assert other[1].data_ptr() != first[1].data_ptr()
+            # 16-byte aligned, as every slot: one compiled kernel serves them all.
+            assert other[0].data_ptr() % 16 == 0
+        assert first[0].data_ptr() % 16 == 0 and first[1].data_ptr() % 16 == 0
+
+
+@requires_cuda
+def test_one_launch_backward_under_graph_capture(monkeypatch):
+    # A captured one-launch backward takes a counter of its own (a capture slot), so replays,
+    # on the capture's stream or another one, run beside eager launches on the stream counters
+    # and give the eager bits each time; every counter is back at 0 after. A capture on a
+    # device whose counters do not exist yet takes the two-launch form: the same bits.
+    run = triton_kernels._eager_backward
+    x, g, w, b = _inputs("capture", 2048, 1024, torch.bfloat16, "cuda")
+    _, rstd = torch.ops.polynorm.forward_triton(x, w, b, 1e-6)
+    eager = run(g, x, w, rstd)  # a warm-up too: compiles the kernel, makes the device's counters
+    torch.cuda.synchronize()
+    counters = triton_kernels._DEVICE_COUNTERS[x.get_device()]
+    captures = counters.captures
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run(g, x, w, rstd)
+    assert counters.captures == captures + 1
+    side = torch.cuda.Stream()
+    for replay in range(4):
+        for t in static:
+            t.fill_(float("nan"))
+        side.wait_stream(torch.cuda.current_stream())
+        if replay % 2:  # replayed on another stream, beside an eager launch on this one
+            with torch.cuda.stream(side):
+                graph.replay()
+            beside = run(g, x, w, rstd)
+        else:  # replayed on this stream, beside an eager launch on another one
+            graph.replay()
+            with torch.cuda.stream(side):
+                beside = run(g, x, w, rstd)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        for name, e, c, o in zip(("grad_x", "grads"), eager, static, beside):
+            assert torch.equal(e, c) and torch.equal(e, o), (replay, name)
+    assert _counters_at_zero("cuda")
+    # No counters yet on the device: the capture takes the two-launch form, the same bits.
+    monkeypatch.setattr(triton_kernels, "_DEVICE_COUNTERS", {})
+    monkeypatch.setattr(triton_kernels, "_STREAM_BUFFERS", {})
+    graph2 = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph2):
+        static2 = run(g, x, w, rstd)
+    assert triton_kernels._DEVICE_COUNTERS == {}
+    for t in static2:
+        t.fill_(float("nan"))
+    graph2.replay()
+    torch.cuda.synchronize()
+    for e, c in zip(eager, static2):
+        assert torch.equal(e, c)
+
+
+# ---------------------------------------------------------------------------------------
+# Direct launches (_launch_eager): the eager path without Triton's Python launcher
+# ---------------------------------------------------------------------------------------
+
+
+class _FakeCompiled:
+    """A compiled kernel's stand-in: records each call of its launcher."""
+
+    function, packed_metadata = "function", "packed metadata"
+
+    def __init__(self, fail=False):
+        self.calls, self.fail = [], fail
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid, stream, len(args))
+
+    def run(self, *call):
+        if self.fail:
+            raise TypeError("launch() takes other arguments")
+        self.calls.append(call)
+
+
+class _FakeKernel:
+    """A JIT kernel's stand-in: ``kernel[grid](*args, **options)`` records the launch and hands
+    back its compiled stand-in, as JITFunction.run does."""
+
+    pre_run_hooks = ()
+
+    def __init__(self, compiled):
+        self.compiled, self.launches = compiled, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.launches.append((grid, args, options))
+            return self.compiled
+
+        return launch
+
+
+def test_direct_launch_logic(monkeypatch):
+    # _launch_eager's bookkeeping with stand-ins for the kernel, its compiled form and the
+    # stream (its real launches need a GPU: test_direct_launch_gives_the_launchers_bits). The
+    # first launch of a key goes through kernel[grid] and keeps what that hands back; the next
+    # ones call its launcher with Triton's own arguments (no metadata or hooks when no launch
+    # hook is set; with one, both); a TypeError from the launcher turns direct launches off and
+    # launches through kernel[grid].
+    triton = pytest.importorskip("triton")
+    monkeypatch.setattr(triton_kernels, "_DIRECT_SUPPORTED", True)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", True)
+    monkeypatch.setattr(triton_kernels, "_COMPILED", {})
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 1000 + index, raising=False)
+    compiled = _FakeCompiled()
+    kernel = _FakeKernel(compiled)
+    args, key = ("x", 3, None, True), (kernel, 2, "specialisation")
+    triton_kernels._launch_eager(kernel, 7, args, 4, key)
+    assert kernel.launches == [((7,), args, {"num_warps": 4})] and compiled.calls == []
+    assert triton_kernels._COMPILED[key] is compiled
+    triton_kernels._launch_eager(kernel, 9, args, 4, key)
+    assert len(kernel.launches) == 1
+    assert compiled.calls == [(9, 1, 1, 1002, "function", "packed metadata", None, None, None, *args)]
+    # A launch hook (a profiler's): the launcher gets the metadata and both hooks.
+    runtime = triton.knobs.runtime
+    enter = type(runtime.launch_enter_hook)()
+    enter.add(lambda metadata: None)
+    monkeypatch.setattr(runtime, "launch_enter_hook", enter)
+    triton_kernels._launch_eager(kernel, 9, args, 4, key)
+    assert compiled.calls[-1] == (9, 1, 1, 1002, "function", "packed metadata", ("metadata", (9, 1, 1), 1002, 4),
+                                  enter, runtime.launch_exit_hook, *args)  # fmt: skip
+    # Another key: the usual launch first.
+    triton_kernels._launch_eager(kernel, 5, args, 8, (kernel, 2, "other"))
+    assert kernel.launches[-1] == ((5,), args, {"num_warps": 8}) and len(compiled.calls) == 2
+    # A launcher that refuses the arguments: nothing launched, the usual launch instead, and
+    # from then on only the usual launch.
+    compiled.fail = True
+    triton_kernels._launch_eager(kernel, 6, args, 4, key)
+    assert kernel.launches[-1] == ((6,), args, {"num_warps": 4}) and len(compiled.calls) == 2
+    assert triton_kernels._DIRECT_LAUNCH is False
+    compiled.fail = False
+    triton_kernels._launch_eager(kernel, 6, args, 4, key)
+    assert len(kernel.launches) == 4 and len(compiled.calls) == 2
+
+
+class _CountingRun:
+    """Wraps a JIT kernel's run (Triton's Python launcher), counting its calls."""
+
+    def __init__(self, run):
+        self.run, self.calls = run, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.run(*args, **kwargs)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", ["contiguous", "misaligned", "sliced"])
+@pytest.mark.parametrize("M,H", [(2048, 1024), (67, 4097), (5, 16385)])
+def test_direct_launch_gives_the_launchers_bits(M, H, layout, dtype, monkeypatch):
+    # The eager path's direct launches (_launch_eager: the compiled kernel's launcher, Triton's
+    # Python launcher skipped) give bitwise what Triton's launcher gives, forward and backward,
+    # for aligned, misaligned and strided rows (each its own specialisation); and once a
+    # specialisation has been launched, later calls do skip Triton's launcher.
+    assert triton_kernels._DIRECT_SUPPORTED, "the direct launch is off on this Triton: see _direct_launch_supported"
+    x, g, w, b = _inputs(("direct", layout), M, H, dtype, "cuda", layout)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", False)
+    launcher = run_backend("triton", x, g, w, b, 1e-6)
+    monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", True)
+    run_backend("triton", x, g, w, b, 1e-6)  # the first launch of each specialisation: Triton's launcher
+    counters = {}
+    for name in ("_poly_norm_fwd_kernel", "_poly_norm_bwd_kernel"):
+        kernel = getattr(triton_kernels, name)
+        counters[name] = _CountingRun(kernel.run)
+        monkeypatch.setattr(kernel, "run", counters[name], raising=False)
+    direct = run_backend("triton", x, g, w, b, 1e-6)
+    torch.cuda.synchronize()
+    assert {name: c.calls for name, c in counters.items()} == {name: 0 for name in counters}
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(getattr(direct, name), getattr(launcher, name)), name
+    check_against_oracle(direct, x, g, w, b, 1e-6, what=f"direct launch M={M} H={H} {layout} {dtype}")
 
 
 @requires_cuda
