@@ -231,32 +231,6 @@ __device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
   }
 }
 
-// The same reduction for groups laid out flat along blockDim.x (G consecutive threads
-// a group, `group` = threadIdx.x / G). `red` holds a slot per warp of the block.
-template <int N, typename acc_t>
-__device__ __forceinline__ void group_reduce_flat(acc_t (&v)[N], acc_t (*red)[N], int G, int group, int lane) {
-  const int width = G < 32 ? G : 32;
-#pragma unroll
-  for (int k = 0; k < N; ++k) {
-    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
-  }
-  if (G > 32) {
-    const int warps = G / 32;
-    acc_t(*group_red)[N] = red + group * warps;
-    if (lane % 32 == 0) {
-#pragma unroll
-      for (int k = 0; k < N; ++k) group_red[lane / 32][k] = v[k];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      acc_t total = group_red[0][k];
-      for (int w = 1; w < warps; ++w) total += group_red[w][k];
-      v[k] = total;
-    }
-  }
-}
-
 // Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
 // sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials.
 template <typename acc_t>
@@ -722,381 +696,6 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
       }
     }
   }
-}
-
-// ----------------------------------------------------------------------------------
-// Staged kernels: the rows of a stage are copied into shared memory with cp.async
-// while the previous stage is computed (double buffering), so every SM keeps tens of
-// kilobytes of loads in flight without holding rows in registers. A staged row keeps
-// the 16-byte chunks that cover it in device memory, whatever its alignment; packs are
-// realigned on the way out of shared memory, so misaligned views and odd H also read
-// with 16-byte accesses. Used whenever a stage of one row fits in shared memory; the
-// register kernels above take the longer rows.
-// ----------------------------------------------------------------------------------
-
-__device__ __forceinline__ void cp_async16(Pack* smem, const Pack* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
-#else
-  *smem = *gmem;
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most `pending` of this thread's newest copy groups are in flight.
-template <int pending>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(pending) : "memory");
-#endif
-}
-
-// cp.async.wait_group takes an immediate: pending = buffers - 2 (0 or 1 here).
-__device__ __forceinline__ void cp_async_wait_pending(int pending) {
-  if (pending >= 1) {  // negative (one buffer) waits for all, like 0
-    cp_async_wait<1>();
-  } else {
-    cp_async_wait<0>();
-  }
-}
-
-// The 16 bytes that start `shift` bytes into chunk a (and run on into chunk b).
-__device__ __forceinline__ Pack realign(const Pack& a, const Pack& b, int shift) {
-  uint32_t w0, w1, w2, w3, w4;
-  switch (shift >> 2) {
-    case 0: w0 = a.x; w1 = a.y; w2 = a.z; w3 = a.w; w4 = b.x; break;
-    case 1: w0 = a.y; w1 = a.z; w2 = a.w; w3 = b.x; w4 = b.y; break;
-    case 2: w0 = a.z; w1 = a.w; w2 = b.x; w3 = b.y; w4 = b.z; break;
-    default: w0 = a.w; w1 = b.x; w2 = b.y; w3 = b.z; w4 = b.w; break;
-  }
-  const unsigned bits = (shift & 3) * 8;
-  return make_uint4(__funnelshift_r(w0, w1, bits), __funnelshift_r(w1, w2, bits), __funnelshift_r(w2, w3, bits),
-                    __funnelshift_r(w3, w4, bits));
-}
-
-// A row staged in shared memory: the chunks covering it, and where it starts in them.
-struct StagedRow {
-  const Pack* chunks;
-  int shift;  // bytes from the first chunk's start to the row's first element
-
-  __device__ __forceinline__ Pack pack(int64_t p) const {
-    const Pack a = chunks[p];
-    return shift == 0 ? a : realign(a, chunks[p + 1], shift);
-  }
-};
-
-// Issues the copies of one row's covering chunks (lanes of a group stride over them).
-template <typename scalar_t>
-__device__ __forceinline__ void stage_row(Pack* dst, const scalar_t* row, int64_t H, int lane, int G) {
-  const uintptr_t start = reinterpret_cast<uintptr_t>(row);
-  const uintptr_t first = start & ~uintptr_t(15);
-  const int64_t n = static_cast<int64_t>((start + uintptr_t(H) * sizeof(scalar_t) - first + 15) / 16);
-  const Pack* src = reinterpret_cast<const Pack*>(first);
-  for (int64_t j = lane; j < n; j += G) cp_async16(dst + j, src + j);
-}
-
-__device__ __forceinline__ int misalignment(const void* p) { return static_cast<int>(reinterpret_cast<uintptr_t>(p) & 15); }
-
-// Writes one row from a staging area laid out like a staged input row (same shift as the
-// output row's address): whole 16-byte chunks in one store, the partial first and last
-// chunks element by element, so no byte outside the row is written.
-template <typename scalar_t>
-__device__ __forceinline__ void store_staged_row(scalar_t* row, const Pack* staged, int64_t H, int lane, int G) {
-  using raw_t = typename Elem<scalar_t>::raw_t;
-  const uintptr_t start = reinterpret_cast<uintptr_t>(row);
-  const uintptr_t first = start & ~uintptr_t(15);
-  const uintptr_t end = start + uintptr_t(H) * sizeof(scalar_t);
-  const int64_t n = static_cast<int64_t>((end - first + 15) / 16);
-  Pack* dst = reinterpret_cast<Pack*>(first);
-  for (int64_t j = lane; j < n; j += G) {
-    const uintptr_t lo = first + uintptr_t(j) * 16;
-    if (lo >= start && lo + 16 <= end) {
-      dst[j] = staged[j];
-    } else {
-      const raw_t* src = reinterpret_cast<const raw_t*>(staged + j);
-      raw_t* out = reinterpret_cast<raw_t*>(lo);
-#pragma unroll
-      for (int e = 0; e < int(16 / sizeof(raw_t)); ++e) {
-        const uintptr_t at = lo + e * sizeof(raw_t);
-        if (at >= start && at < end) out[e] = src[e];
-      }
-    }
-  }
-}
-
-// Puts element e of an output pack into a staging row at byte offset `shift` (the
-// output row's own misalignment), so that store_staged_row can write whole chunks.
-template <typename scalar_t>
-__device__ __forceinline__ void stage_pack(Pack* staged, int shift, int64_t p, int64_t H, const Pack& val) {
-  using P = PackOf<scalar_t>;
-  using raw_t = typename P::raw_t;
-  raw_t* base = reinterpret_cast<raw_t*>(reinterpret_cast<char*>(staged) + shift);
-#pragma unroll
-  for (int e = 0; e < P::kVec; ++e) {
-    if (p * P::kVec + e < H) base[p * P::kVec + e] = P::get(val, e);
-  }
-}
-
-// Launch geometry of the staged kernels (host side computes it from H and dtype).
-
-// Forward, staged. blockDim.x = R * G; a persistent grid walks the stages.
-template <typename scalar_t>
-__global__ void __launch_bounds__(512) poly_norm_fwd_kernel(
-    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
-    int64_t x_row_stride,
-    scalar_t* __restrict__ y,                      // [M, H] contiguous
-    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
-    ParamRef bias,                                 // (1,) any float dtype
-    int64_t M,
-    int64_t H,
-    double eps,
-    StagedGeometry geo) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  extern __shared__ Pack smem_chunks[];
-  __shared__ acc_t red[512 / 32][3];
-
-  const int R = geo.rows;
-  const int G = blockDim.x / R;
-  const int group = threadIdx.x / G;
-  const int lane = threadIdx.x % G;
-  const int64_t packs = (H + P::kVec - 1) / P::kVec;
-  const int64_t stage_chunks = int64_t(R) * geo.pitch;
-  Pack* out_stage = smem_chunks + geo.buffers * stage_chunks;  // used when geo.out_staged
-  const int64_t stages = (M + R - 1) / R;
-
-  // Parameters first: their latency hides under the first stage's copies.
-  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
-  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  const acc_t e = static_cast<acc_t>(eps);
-
-  auto issue = [&](int64_t stage, int buf) {
-    const int64_t row = stage * R + group;
-    if (stage < stages && row < M) stage_row(smem_chunks + buf * stage_chunks + int64_t(group) * geo.pitch, x + row * x_row_stride, H, lane, G);
-    cp_async_commit();
-  };
-
-  // Pipeline: stages `buffers - 1` ahead are in flight while one is computed. After the
-  // barrier that ends the wait for stage i, every thread is done with stage i - 1, whose
-  // buffer then takes stage i + buffers - 1. With one buffer, the next copies start
-  // after the stage is computed.
-  const int ahead = geo.buffers - 1;
-  for (int k = 0; k < ahead; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
-  if (ahead == 0) issue(blockIdx.x, 0);
-  int it = 0;
-  for (int64_t stage = blockIdx.x; stage < stages; stage += gridDim.x, ++it) {
-    const int buf = it % geo.buffers;
-    cp_async_wait_pending(ahead - 1);
-    __syncthreads();
-    if (ahead > 0) issue(stage + int64_t(ahead) * gridDim.x, (it + ahead) % geo.buffers);
-
-    const int64_t row = stage * R + group;
-    const bool active = row < M;
-    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-    const StagedRow xs{smem_chunks + buf * stage_chunks + int64_t(group) * geo.pitch, misalignment(x_row)};
-
-    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
-    if (active) {
-      for (int64_t p = lane; p < packs; p += G) {
-        const Pack pk = xs.pack(p);
-#pragma unroll
-        for (int k = 0; k < P::kVec; ++k) {
-          const acc_t v = p * P::kVec + k < H ? P::value(pk, k) : acc_t(0);
-          const acc_t v2 = v * v;
-          s[0] += v2;
-          s[1] += v2 * v2;
-          s[2] += v2 * v2 * v2;
-        }
-      }
-    }
-    group_reduce_flat<3>(s, red, G, group, lane);
-    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
-    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
-    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
-    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
-    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
-    scalar_t* y_row = y + (active ? row : 0) * H;
-    const int y_shift = misalignment(y_row);
-    Pack* ys = out_stage + int64_t(group) * geo.pitch;
-    if (active) {
-      if (lane == 0) {
-        rstd[row * 3 + 0] = r3;
-        rstd[row * 3 + 1] = r2;
-        rstd[row * 3 + 2] = r1;
-      }
-      for (int64_t p = lane; p < packs; p += G) {
-        const Pack pk = xs.pack(p);
-        Pack out;
-#pragma unroll
-        for (int k = 0; k < P::kVec; ++k) {
-          const acc_t v = P::value(pk, k);
-          P::set(out, k, Elem<scalar_t>::from_acc(v * (a1 + v * (a2 + v * a3)) + b));  // Horner form
-        }
-        if (geo.out_staged) {
-          stage_pack<scalar_t>(ys, y_shift, p, H, out);
-        } else {
-          reinterpret_cast<Pack*>(y_row)[p] = out;
-        }
-      }
-    }
-    if (geo.out_staged) {
-      __syncthreads();
-      if (active) store_staged_row(y_row, ys, H, lane, G);
-    }
-    if (ahead == 0) {
-      __syncthreads();  // the one buffer is free for the next stage's copies
-      issue(stage + gridDim.x, 0);
-    }
-  }
-  cp_async_wait<0>();
-}
-
-// Backward, staged: x and grad_y of a stage side by side in shared memory.
-template <typename scalar_t>
-__global__ void __launch_bounds__(512) poly_norm_bwd_kernel(
-    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
-    int64_t g_row_stride,
-    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
-    int64_t x_row_stride,
-    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
-    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
-    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
-    int64_t M,
-    int64_t H,
-    StagedGeometry geo) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  extern __shared__ Pack smem_chunks[];
-  __shared__ acc_t red[512 / 32][4];
-  __shared__ acc_t group_part[256][4];  // R <= 256
-
-  const int R = geo.rows;
-  const int G = blockDim.x / R;
-  const int group = threadIdx.x / G;
-  const int lane = threadIdx.x % G;
-  const int64_t packs = (H + P::kVec - 1) / P::kVec;
-  const int64_t stage_chunks = int64_t(R) * geo.pitch;  // per tensor
-  Pack* out_stage = smem_chunks + geo.buffers * 2 * stage_chunks;
-  const int64_t stages = (M + R - 1) / R;
-
-  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
-  const acc_t w2 = load_param<acc_t>(weight, 2);
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-
-  auto issue = [&](int64_t stage, int buf) {
-    const int64_t row = stage * R + group;
-    if (stage < stages && row < M) {
-      Pack* base = smem_chunks + buf * 2 * stage_chunks + int64_t(group) * geo.pitch;
-      stage_row(base, x + row * x_row_stride, H, lane, G);
-      stage_row(base + stage_chunks, grad_y + row * g_row_stride, H, lane, G);
-    }
-    cp_async_commit();
-  };
-
-  acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
-  // Pipeline: stages `buffers - 1` ahead are in flight while one is computed. After the
-  // barrier that ends the wait for stage i, every thread is done with stage i - 1, whose
-  // buffer then takes stage i + buffers - 1. With one buffer, the next copies start
-  // after the stage is computed.
-  const int ahead = geo.buffers - 1;
-  for (int k = 0; k < ahead; ++k) issue(blockIdx.x + int64_t(k) * gridDim.x, k);
-  if (ahead == 0) issue(blockIdx.x, 0);
-  int it = 0;
-  for (int64_t stage = blockIdx.x; stage < stages; stage += gridDim.x, ++it) {
-    const int buf = it % geo.buffers;
-    cp_async_wait_pending(ahead - 1);
-    __syncthreads();
-    if (ahead > 0) issue(stage + int64_t(ahead) * gridDim.x, (it + ahead) % geo.buffers);
-
-    const int64_t row = stage * R + group;
-    const bool active = row < M;
-    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-    const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
-    const Pack* base = smem_chunks + buf * 2 * stage_chunks + int64_t(group) * geo.pitch;
-    const StagedRow xs{base, misalignment(x_row)};
-    const StagedRow gs{base + stage_chunks, misalignment(g_row)};
-
-    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-    if (active) {
-      for (int64_t p = lane; p < packs; p += G) {
-        const Pack xp = xs.pack(p);
-        const Pack gp = gs.pack(p);
-#pragma unroll
-        for (int k = 0; k < P::kVec; ++k) {
-          const bool in = p * P::kVec + k < H;
-          const acc_t v = in ? P::value(xp, k) : acc_t(0);
-          const acc_t g = in ? P::value(gp, k) : acc_t(0);
-          const acc_t gx = g * v;
-          s[0] += gx;
-          s[1] += gx * v;
-          s[2] += gx * v * v;
-          s[3] += g;
-        }
-      }
-    }
-    group_reduce_flat<4>(s, red, G, group, lane);
-
-    scalar_t* dx_row = grad_x + (active ? row : 0) * H;
-    const int dx_shift = misalignment(dx_row);
-    Pack* ds = out_stage + int64_t(group) * geo.pitch;
-    if (active) {
-      const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
-      part[0] += r3 * s[2];
-      part[1] += r2 * s[1];
-      part[2] += r1 * s[0];
-      part[3] += s[3];
-      const acc_t c1 = w2 * r1, c2 = acc_t(2) * w1 * r2, c3 = acc_t(3) * w0 * r3;
-      const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
-      const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-      const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
-      for (int64_t p = lane; p < packs; p += G) {
-        const Pack xp = xs.pack(p);
-        const Pack gp = gs.pack(p);
-        Pack out;
-#pragma unroll
-        for (int k = 0; k < P::kVec; ++k) {
-          const acc_t v = P::value(xp, k);
-          const acc_t g = P::value(gp, k);
-          const acc_t v2 = v * v;
-          P::set(out, k, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
-        }
-        if (geo.out_staged) {
-          stage_pack<scalar_t>(ds, dx_shift, p, H, out);
-        } else {
-          reinterpret_cast<Pack*>(dx_row)[p] = out;
-        }
-      }
-    }
-    if (geo.out_staged) {
-      __syncthreads();
-      if (active) store_staged_row(dx_row, ds, H, lane, G);
-    }
-    if (ahead == 0) {
-      __syncthreads();  // the one buffer is free for the next stage's copies
-      issue(stage + gridDim.x, 0);
-    }
-  }
-  cp_async_wait<0>();
-
-  // The block's partial: its groups in order (each group's rows already in order).
-  if (lane == 0) {
-#pragma unroll
-    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
-  }
-  __syncthreads();
-  if (threadIdx.x < 4) {
-    acc_t total = group_part[0][threadIdx.x];
-    for (int r = 1; r < R; ++r) total += group_part[r][threadIdx.x];
-    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
-  }
-  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
 }
 
 // ----------------------------------------------------------------------------------
@@ -1869,17 +1468,6 @@ ParamRef param_ref(const at::Tensor& t) {
   return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
 }
 
-// Dynamic shared memory a block may use, less what the kernels declare statically.
-int64_t dynamic_smem_limit() {
-  int device = 0, optin = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  return int64_t(optin) - 24 * 1024;  // room for the static reduction arrays (<= 16.3 KB)
-}
-
-// launch_plan.h's choice for this launch. The shared-memory limit (a device query) is
-// looked up only when a staged kernel may be chosen: rows too long for the row kernels,
-// or a forced staged kernel.
 // Whether the current device launches thread-block clusters (sm_90 and later), cached.
 bool device_launches_clusters() {
   int device = 0;
@@ -1895,26 +1483,12 @@ bool device_launches_clusters() {
   return value != 0;
 }
 
+// launch_plan.h's choice for this launch: on this device (clusters or not), under the family
+// a benchmark or test forces (_force_kernel).
 LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
   const KernelKind forced = forced_kernel();
   const bool clusters = device_launches_clusters();
-  const bool row_ok = row_plan_for(backward, H, elem_size, row_packs(backward, mul, H, elem_size), clusters).ok;
-  const bool staged_possible = !mul && (forced == KernelKind::kStaged || !row_ok);
-  return plan_launch(backward, mul, H, elem_size, out_misaligned, staged_possible ? dynamic_smem_limit() : 0, forced,
-                     clusters);
-}
-
-// Persistent grid: as many blocks as fit on the device at once, at most one per stage.
-template <typename Kernel>
-int64_t persistent_grid(Kernel kernel, const StagedPlan& plan, int64_t stages) {
-  // Always raise the dynamic limit: the 48 KB default counts the static arrays too, so a
-  // dynamic size just under 48 KB can still fail to launch (seen: fp64, H = 3, 49152 B).
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(plan.smem)));
-  int device = 0, sms = 0, per_sm = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, plan.threads, plan.smem));
-  return std::max<int64_t>(1, std::min<int64_t>(stages, int64_t(sms) * std::max(per_sm, 1)));
+  return plan_launch(backward, mul, H, elem_size, out_misaligned, forced, clusters);
 }
 
 // Row kernels (G and the block size: row_plan in launch_plan.h). The persistent grid is
@@ -2227,13 +1801,6 @@ ParamRef bias_ref(const at::Tensor& bias, const GroupTensors* groups) {
   return groups != nullptr ? ParamRef{bias.const_data_ptr(), 0, bias.scalar_type()} : param_ref(bias);
 }
 
-// launch_plan.h's choice, less the staged kernels for a grouped launch (they have no per-row
-// expert): the tiled kernels take those rows. Neither E nor M enters the choice.
-LaunchPlan grouped_plan(LaunchPlan lp, const GroupTensors* groups) {
-  if (groups != nullptr && lp.kind == KernelKind::kStaged) lp.kind = KernelKind::kTiled;
-  return lp;
-}
-
 // One launch of the forward (kMul = false: polynorm::forward, or grouped_forward with
 // `groups`; true: mul_forward, with `mul` read like x). Fills out [M, H] and rstd [M, 3];
 // argument checks are the caller's.
@@ -2258,7 +1825,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     }
     const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, &bias);
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
-    const LaunchPlan lp = grouped_plan(plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok), groups);
+    const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
       // PolyNorm's 2-byte builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
       auto launch = [&](auto packs) {
@@ -2272,22 +1839,12 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       return launch(std::integral_constant<int, kPacks>{});
     }
-    const StagedPlan& plan = lp.staged;
-    if (lp.kind == KernelKind::kStaged) {
-      const int64_t stages = (rows.M + plan.geo.rows - 1) / plan.geo.rows;
-      const int64_t grid = persistent_grid(poly_norm_fwd_kernel<scalar_t>, plan, stages);
-      poly_norm_fwd_kernel<scalar_t><<<static_cast<unsigned>(grid), plan.threads, plan.smem, stream>>>(
-          x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), param_ref(weight), param_ref(bias),
-          rows.M, rows.H, eps, plan.geo);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    } else {
-      const dim3 block(lp.tiled.G, lp.tiled.rows);
-      const int64_t grid = (rows.M + block.y - 1) / block.y;
-      poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
-          x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
-          grouping, rows.M, rows.H, eps);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
-    }
+    const dim3 block(lp.tiled.G, lp.tiled.rows);
+    const int64_t grid = (rows.M + block.y - 1) / block.y;
+    poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+        x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
+        grouping, rows.M, rows.H, eps);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 
@@ -2328,8 +1885,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
     }
     const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, nullptr);
     const ParamRef w_ref = weight_ref(weight, groups);
-    const LaunchPlan lp = grouped_plan(plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok), groups);
-    const StagedPlan& plan = lp.staged;
+    const LaunchPlan lp = plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok);
     const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
     at::Tensor partials;  // O(M) at most: one [4] entry per block
     int64_t blocks = 0;
@@ -2354,14 +1910,6 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
-    } else if (lp.kind == KernelKind::kStaged) {
-      const int64_t stages = (x_rows.M + plan.geo.rows - 1) / plan.geo.rows;
-      blocks = persistent_grid(poly_norm_bwd_kernel<scalar_t>, plan, stages);
-      TORCH_INTERNAL_ASSERT(groups == nullptr);  // grouped_plan: no staged launch
-      poly_norm_bwd_kernel<scalar_t><<<static_cast<unsigned>(blocks), plan.threads, plan.smem, stream>>>(
-          g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride, rstd_c.const_data_ptr<acc_t>(), param_ref(weight),
-          dx_ptr, param_grads(), x_rows.M, x_rows.H, plan.geo);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
       const dim3 block(lp.tiled.G, lp.tiled.rows);
       blocks = (x_rows.M + block.y - 1) / block.y;
