@@ -15,7 +15,7 @@
 #   bench    bench/bench.py --quick (JSON, PNGs, summary), ~1 min
 #   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
 #   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
-#   variants    bench/variants_timing.py: every CUDA kernel family forced at each H, ~30 s
+#   variants    bench/variants_timing.py: both CUDA kernel families (row, tiled) forced at each H, ~30 s
 #   tune        bench/tune_rows.py: the row kernels' tunings side by side, ~1 min
 #   grouped     bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
 #   triton_host bench/triton_host.py: where the Triton backend's host time goes, ~1 min

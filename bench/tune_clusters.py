@@ -6,7 +6,7 @@ A row that needs more than ``cta_threads`` threads is split over a cluster of up
 (``torch.ops.polynorm._tune_rows(cta_threads=..., max_cluster=...)``, csrc/launch_plan.h
 ``row_plan``). This script times PolyNorm's forward and backward and the fused op's
 (``mul_forward``/``mul_backward``) at M·H = 2^26 (bf16 by default) under each CTA size, and
-the staged and tiled families forced (``_force_kernel``) for comparison, as ratios to floors
+the tiled family forced (``_force_kernel``) for comparison, as ratios to floors
 timed in the same run (medians of ``triton.testing.do_bench``): a copy (forward), an add
 (backward, fused forward), an add plus a copy (fused backward). Each cell's plan is checked:
 ``err`` is the largest error of any variant's y (first rows) over the half-ulp floor of the
@@ -80,7 +80,7 @@ def main() -> None:
                               for k, v in (item.split(":") for item in spec.split(","))}
         else:
             variants[name] = VARIANTS[name]
-    cols = list(variants) + ["staged", "tiled"]
+    cols = list(variants) + ["tiled"]
     dtype = getattr(torch, args.dtype)
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
@@ -113,7 +113,7 @@ def main() -> None:
             for op in args.ops:
                 cells, plans, err, first = [], [], 0.0, None
                 settings = [(name, tuning, "auto") for name, tuning in variants.items()]
-                settings += [("staged", {}, "staged"), ("tiled", {}, "tiled")]
+                settings += [("tiled", {}, "tiled")]
                 for name, tuning, family in settings:
                     torch.ops.polynorm._tune_rows(**tuning)
                     torch.ops.polynorm._force_kernel(family)

@@ -1,8 +1,8 @@
 """Each CUDA kernel family on each row length, side by side, kernel-only, on a CUDA device.
 
 Issue 13 asks to keep only the code that serves some shape best, and to measure before
-deleting. ``torch.ops.polynorm._force_kernel(kind)`` makes every launch take the row, staged
-or tiled kernels where they can serve the row (``csrc/launch_plan.h``); this script times
+deleting. ``torch.ops.polynorm._force_kernel(kind)`` makes every launch take the row or
+tiled kernels where they can serve the row (``csrc/launch_plan.h``); this script times
 ``torch.ops.polynorm.forward``/``backward`` under each, at M·H = 2^26 (bf16 by default), as
 ratios to a same-size copy (forward) and add (backward) timed in the same run: medians of
 ``triton.testing.do_bench``. ``auto`` is the table's own choice; a family that cannot serve
@@ -18,7 +18,7 @@ from triton.testing import do_bench
 
 import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 
-KINDS = ("auto", "row", "staged", "tiled")
+KINDS = ("auto", "row", "tiled")
 DEFAULT_H = (512, 2048, 8192, 16384, 32768, 65536, 131072, 262144, 3000, 5125, 16385, 65537)
 
 

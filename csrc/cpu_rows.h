@@ -21,7 +21,7 @@
 #include <cstdint>
 
 namespace polynorm {
-namespace {  // each including file gets its own copy, as polynorm_cuda.cuh's kernels do
+namespace {  // each including file gets its own copy, as the kernels of csrc/cuda/ do
 
 // Pairwise sum of N running sums over [begin, begin + n): term(j, acc) adds element j's terms
 // into acc. Blocks of up to 128 are summed in 8 interleaved lanes, longer ranges are split in

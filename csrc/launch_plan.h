@@ -2,34 +2,47 @@
 // the choice is a value that the CPU machine can compute and test
 // (torch.ops.polynorm._launch_plan) and that a benchmark can force (_force_kernel).
 //
-// The table (bf16/fp16 figures; fp32 rows hold half as many elements, fp64 a quarter):
+// The table. H is for bf16/fp16 rows; fp32 rows hold half as many elements (halve every H
+// below), fp64 a quarter. The kernels are in csrc/cuda/ (forward.cuh, backward.cuh).
 //
-//   direction          | rows up to (bf16)   | kernel | why
-//   -------------------+---------------------+--------+----------------------------------------
-//   forward            | H <= 65536          | row    | the row in registers (8 packs of x a
-//                      |                     |        | thread, G <= 1024): read once, one
-//                      |                     |        | reduction, no barrier but its own
-//   forward            | longer, stage fits  | staged | cp.async stages in shared memory
-//   forward            | longer still        | tiled  | the row walked twice (2nd pass in L2)
-//   backward           | H <= 32768          | row    | x and grad_y in registers (4 packs each)
-//   backward           | longer, stage fits  | staged | as forward
-//   backward           | longer still        | tiled  | as forward
-//   mul_forward        | H <= 32768          | row    | x and mul (4 packs each)
-//   mul_forward        | longer              | tiled  | (no staged build of the fused op)
-//   mul_backward       | H <= 16384          | row    | x, grad_out and mul (2 packs each)
-//   mul_backward       | longer              | tiled  |
-//   grouped_*          | as forward/backward | row    | the same kernels, a per-row expert;
-//                      |                     | tiled  | where the table says staged (no
-//                      |                     |        | per-row expert there)
+//   direction    | rows (bf16)       | kernel                         | why
+//   -------------+-------------------+--------------------------------+-------------------------------------
+//   forward      | H <= 32768        | row, one CTA (<= 512 threads)  | the row in registers (8 packs of x a
+//                |                   |                                | thread): read once, one reduction, no
+//                |                   |                                | barrier but the reduction's
+//                | 32768 < H         | row, a cluster of 2-8 CTAs of  | split past 512 threads: one CTA of 512
+//                |   <= 262144       | <= 512 threads                 | beats two of 256 (32768: 1.21 against
+//                |                   |                                | 1.31 of a copy); CTAs of 1024 spill
+//                | H > 262144        | tiled                          | past 8 x 512 threads; the row walked
+//                |                   |                                | twice (the second pass mostly in L2)
+//   backward     | H <= 8192         | row, one CTA (<= 256 threads)  | x and grad_y in registers (4 packs each)
+//                | 8192 < H          | row, a cluster of 2-8 CTAs of  | split past 256 threads: two CTAs of 256
+//                |   <= 131072       | <= 512 threads                 | beat one of 512 (16384: 1.26 against 1.34)
+//                | H > 131072        | tiled                          | 262144: tiled 1.82, 8 x 1024 1.97 of an add
+//   mul_forward  | H <= 16384        | row, one CTA (<= 512 threads)  | x and mul (4 packs each); split as forward
+//                | 16384 < H         | row, a cluster of 2-8 CTAs of  |
+//                |   <= 131072       | <= 512 threads                 |
+//                | H > 131072        | tiled                          |
+//   mul_backward | H <= 4096         | row, one CTA (<= 256 threads)  | x, grad_out and mul (2 packs each); split
+//                | 4096 < H          | row, a cluster of 2-8 CTAs of  | as backward
+//                |   <= 65536        | <= 512 threads                 |
+//                | H > 65536         | tiled                          |
+//   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
-// Every choice depends on H, the dtype and the device's shared-memory limit, never on M
+// - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
+//   then a multiple of 32: H = 5125 bf16 forward takes 96); blocks of 128 / G rows when G < 128.
+//   Cluster rows: the fewest CTAs (2, 4 or 8) of at most 512 threads each (row_plan).
+// - Devices without clusters (before sm_90): one CTA a row up to 1024 threads (bf16: forward
+//   H <= 65536, backward and mul_forward 32768, mul_backward 16384), the tiled kernels beyond.
+// - bench/NOTES.md, v6, has the measurements (bf16, M·H = 2^26, kernel time over a copy or an
+//   add of the same bytes); tests/test_launch_plan.py pins the boundaries.
+//
+// Every choice depends on H, the dtype and whether the device launches clusters, never on M
 // (nor on E), so a row's bits do not depend on the batch it comes in. Misaligned rows (odd
 // H, a view that starts off a 16-byte boundary) take the same kernel in a realigning build
 // (RowLayout: realigned, or same-phase when every tensor's rows start alike).
 #pragma once
 
-#include <algorithm>
-#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -80,11 +93,7 @@ constexpr int kMaxGroup = 1024;
 constexpr int kFwdPacks = 4;
 constexpr int kBwdPacks = 2;
 
-// Staged kernels: R rows a stage whose inputs stay within kStageBytes (32 KB), three
-// buffers when they fit (two stages of copies in flight while the third is computed).
-constexpr int64_t kStageBytes = 32 * 1024;
-
-enum class KernelKind { kAuto, kRow, kStaged, kTiled };
+enum class KernelKind { kAuto, kRow, kTiled };
 
 struct RowPlan {
   bool ok;
@@ -93,30 +102,15 @@ struct RowPlan {
   int cluster;  // CTAs a row: 1, or a thread-block cluster of 2-16 CTAs of G threads each
 };
 
-struct StagedGeometry {
-  int rows;         // R rows per stage, one group of G = blockDim.x / R threads each
-  int pitch;        // 16-byte chunks per staged row: packs + 1 (room for a misaligned start)
-  int buffers;      // 1..3: stages in flight + 1; 1: the next stage loads after this one is done
-  bool out_staged;  // the output rows are misaligned or H * size is not a multiple of 16
-};
-
-struct StagedPlan {
-  bool ok;
-  int threads;
-  size_t smem;
-  StagedGeometry geo;
-};
-
 struct TiledPlan {
   int G;     // threads a row (blockDim.x)
   int rows;  // rows a block (blockDim.y)
 };
 
 struct LaunchPlan {
-  KernelKind kind;  // kRow, kStaged or kTiled
+  KernelKind kind;  // kRow or kTiled
   int packs;        // row kernels: packs per thread and tensor
   RowPlan row;
-  StagedPlan staged;
   TiledPlan tiled;
 };
 
@@ -185,28 +179,6 @@ inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   return backward ? kRowBwdPacks : kRowFwdPacks;
 }
 
-// R rows per stage: the most (a power of two, <= 256) whose inputs stay within
-// kStageBytes. 256 threads, G = 256 / R a row; a one-row stage of 16 KB or more gets 512
-// threads, so that the arithmetic of a long row is spread over more warps. Fewer buffers
-// when three do not fit the limit; not ok when even one does not.
-inline StagedPlan staged_plan(int64_t H, int elem_size, int inputs, bool out_staged, int64_t smem_limit) {
-  const int64_t packs = (H * elem_size + 15) / 16;
-  const int64_t pitch = packs + 1;
-  const int64_t row_bytes = pitch * 16 * inputs;
-  int R = 1;
-  while (R < 256 && 2 * R * row_bytes <= kStageBytes) R *= 2;
-  const int threads = (R == 1 && row_bytes >= 16 * 1024) ? 512 : 256;
-  const int64_t out_bytes = out_staged ? R * pitch * 16 : 0;
-  for (int buffers = 3; buffers >= 1; --buffers) {
-    const int64_t smem = buffers * R * row_bytes + out_bytes;
-    if (smem <= smem_limit && pitch < (int64_t(1) << 30)) {
-      return {true, threads, static_cast<size_t>(smem),
-              StagedGeometry{R, static_cast<int>(pitch), buffers, out_staged}};
-    }
-  }
-  return {false, 0, 0, StagedGeometry{}};
-}
-
 // The smallest power-of-two G that covers the row's packs with packs_per_thread packs per
 // thread, up to kMaxGroup (longer rows are walked tile by tile); kBlockThreads / G rows a block.
 inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
@@ -216,25 +188,21 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
   return {G, G >= kBlockThreads ? 1 : kBlockThreads / G};
 }
 
-// The table above. `out_misaligned`: the output rows are not whole aligned packs (the staged
-// kernels then stage the output too); `smem_limit`: dynamic shared memory a block may use.
-// `forced` (a benchmark's or a test's choice, _force_kernel) picks another family when
-// that family can serve the row; otherwise the table's choice stands.
-inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned,
-                              int64_t smem_limit, KernelKind forced = KernelKind::kAuto, bool clusters = true) {
+// The table above. `out_misaligned`: the output rows are not whole aligned packs; no choice
+// depends on it (both families write such rows themselves; tests/test_launch_plan.py pins it).
+// `clusters`: the device launches thread-block clusters (sm_90 and later). `forced` (a
+// benchmark's or a test's choice, _force_kernel) picks the other family when that family can
+// serve the row (the tiled kernels serve every row); otherwise the table's choice stands.
+inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, [[maybe_unused]] bool out_misaligned,
+                              KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
   plan.packs = row_packs(backward, mul, H, elem_size);
   plan.row = row_plan_for(backward, H, elem_size, plan.packs, clusters);
-  plan.staged = mul ? StagedPlan{} : staged_plan(H, elem_size, backward ? 2 : 1, out_misaligned, smem_limit);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
-  if (forced == KernelKind::kRow && plan.row.ok) {
-    plan.kind = KernelKind::kRow;
-  } else if (forced == KernelKind::kStaged && plan.staged.ok) {
-    plan.kind = KernelKind::kStaged;
-  } else if (forced == KernelKind::kTiled) {
+  if (forced == KernelKind::kTiled || !plan.row.ok) {
     plan.kind = KernelKind::kTiled;
   } else {
-    plan.kind = plan.row.ok ? KernelKind::kRow : plan.staged.ok ? KernelKind::kStaged : KernelKind::kTiled;
+    plan.kind = KernelKind::kRow;
   }
   return plan;
 }
@@ -245,9 +213,6 @@ inline std::string describe(const LaunchPlan& p) {
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
              " packs=" + std::to_string(p.packs) +
              " cluster=" + std::to_string(p.row.cluster);
-    case KernelKind::kStaged:
-      return "staged R=" + std::to_string(p.staged.geo.rows) + " threads=" + std::to_string(p.staged.threads) +
-             " buffers=" + std::to_string(p.staged.geo.buffers) + " smem=" + std::to_string(p.staged.smem);
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

@@ -172,9 +172,8 @@ std::atomic<int> g_forced_kernel{static_cast<int>(KernelKind::kAuto)};
 KernelKind kernel_kind(const std::string& name) {
   if (name == "auto") return KernelKind::kAuto;
   if (name == "row") return KernelKind::kRow;
-  if (name == "staged") return KernelKind::kStaged;
   if (name == "tiled") return KernelKind::kTiled;
-  TORCH_CHECK_VALUE(false, "polynorm._force_kernel: expected kind to be one of auto, row, staged, tiled, got '", name,
+  TORCH_CHECK_VALUE(false, "polynorm._force_kernel: expected kind to be one of auto, row, tiled, got '", name,
                     "'");
 }
 
@@ -220,11 +219,10 @@ void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool pr
   g_max_cluster.store(static_cast<int>(max_cluster));
 }
 
-// The plan a CUDA launch would take: "row G=... threads=... packs=...", "staged ..." or
-// "tiled ...". Computed on the host (no GPU needed); smem_limit is the dynamic shared memory
-// a block may use (the H200's default).
+// The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
+// "tiled G=... rows=...". Computed on the host (no GPU needed).
 std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtype, bool out_misaligned,
-                           int64_t smem_limit, bool clusters) {
+                           bool clusters) {
   TORCH_CHECK_VALUE(op == "forward" || op == "backward" || op == "mul_forward" || op == "mul_backward",
                     "polynorm._launch_plan: expected op to be forward, backward, mul_forward or mul_backward, got '",
                     op, "'");
@@ -232,7 +230,7 @@ std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtyp
   TORCH_CHECK_VALUE(is_supported_float(dtype), "polynorm._launch_plan: expected a float dtype, got ", dtype);
   const bool backward = op == "backward" || op == "mul_backward";
   const bool mul = op.rfind("mul_", 0) == 0;
-  return describe(plan_launch(backward, mul, H, static_cast<int>(c10::elementSize(dtype)), out_misaligned, smem_limit,
+  return describe(plan_launch(backward, mul, H, static_cast<int>(c10::elementSize(dtype)), out_misaligned,
                               forced_kernel(), clusters));
 }
 
@@ -301,10 +299,9 @@ TORCH_LIBRARY(polynorm, m) {
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True, "
         "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
-  // 232448 - 24576: an H200's opt-in shared memory a block, less the static arrays. `clusters`:
-  // the device launches thread-block clusters (sm_90 and later), as an H200 does.
-  m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, int smem_limit=207872, "
-        "bool clusters=True) -> str", &polynorm::launch_plan_op);
+  // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
+  m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",
+        &polynorm::launch_plan_op);
   // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
   m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
   // grad_weight (3,) and grad_bias (1,) are accumulated and returned in fp32 (fp64 for fp64 x), the

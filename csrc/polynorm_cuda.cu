@@ -1,10 +1,13 @@
 // polynorm::forward and polynorm::backward on CUDA devices, and the grouped PolyNorm of
 // mixture-of-experts layers (grouped_forward, grouped_backward): the launchers. The kernels and
-// their launch plans are in polynorm_cuda.cuh (shared with polynorm_mul_cuda.cu); the grouped
-// ops are the same kernels with a per-row expert (GroupArgs), launched from this file so that
-// the kernels are compiled once.
-#include "polynorm_cuda.cuh"
+// their launch plans are in csrc/cuda/ (launch.cuh says where each part lives; shared with
+// polynorm_mul_cuda.cu); the grouped ops are the same kernels with a per-row expert (GroupArgs),
+// launched from this file so that the kernels are compiled once.
+#include "cuda/launch.cuh"
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <cstdint>

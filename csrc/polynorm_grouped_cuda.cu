@@ -1,6 +1,6 @@
 // The per-expert parameter gradients of polynorm::grouped_backward on CUDA devices
 // (docs/MATH.md, "Grouped PolyNorm"). The grouped ops' launchers are in polynorm_cuda.cu: the
-// single-expert kernels of polynorm_cuda.cuh with a per-row expert (GroupArgs), whose backward
+// single-expert kernels of csrc/cuda/ with a per-row expert (GroupArgs), whose backward
 // writes each row's [r_3 S_3, r_2 S_2, r_1 S_1, sum g] to an [M, 4] buffer. This file sums that
 // buffer per expert.
 //

@@ -1,7 +1,9 @@
 // The fused PolyNorm x mul on CUDA devices (polynorm::mul_forward, mul_backward): the
-// launchers. The kernels are PolyNorm's (polynorm_cuda.cuh) built with kMul = true.
-#include "polynorm_cuda.cuh"
+// launchers. The kernels are PolyNorm's (csrc/cuda/) built with kMul = true.
+#include "cuda/launch.cuh"
 
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 namespace polynorm {

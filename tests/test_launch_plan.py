@@ -1,12 +1,12 @@
 """The CUDA launch plan (csrc/launch_plan.h), computed on the host: no GPU needed.
 
-``torch.ops.polynorm._launch_plan(op, H, dtype)`` says which kernel family serves a row and
-with what geometry; ``_force_kernel(kind)`` makes every later CUDA launch take another family
-where it can (the benchmarks' and the GPU tests' switch). These tests pin the table's
-boundaries, that the choice never depends on the batch (the op has no M), and the switch.
-On a GPU, each family, forced, runs PolyNorm's ops and the fused PolyNorm x mul's
-(``mul_forward``/``mul_backward``: row and tiled builds, no staged one) against the float64
-oracle, over layouts that reach each build's alignment paths.
+``torch.ops.polynorm._launch_plan(op, H, dtype)`` says which kernel family (row or tiled)
+serves a row and with what geometry; ``_force_kernel(kind)`` makes every later CUDA launch
+take the other family where it can (the benchmarks' and the GPU tests' switch). These tests
+pin the table's boundaries, that the choice never depends on the batch (the op has no M), and
+the switch. On a GPU, each family, forced, runs PolyNorm's ops and the fused PolyNorm x mul's
+(``mul_forward``/``mul_backward``) against the float64 oracle, over layouts that reach each
+build's alignment paths.
 """
 
 import re
@@ -65,17 +65,16 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
         # 128-thread blocks of several rows where G divides 128, else one row a block
         assert f["threads"] == (128 if 128 % G == 0 else G), (H, text)
         assert f["cluster"] == 1, text
+    # Longer rows: the tiled kernels (no cluster to split them over on these devices).
     longer = plan(op, limit + 1, dtype, clusters=False)
-    assert not longer.startswith("row "), (op, dtype, longer)
-    if op.startswith("mul_"):
-        assert longer.startswith("tiled "), longer  # the fused op has no staged build
+    assert longer.startswith("tiled "), (op, dtype, longer)
 
 
 @pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
 def test_long_rows_split_over_clusters(op, dtype, limit):
     # With clusters: rows of up to SPLIT threads as without; longer ones on the fewest CTAs (a
     # power of two from 2 to MAX_CLUSTER) of at most CTA_THREADS threads each (a multiple of
-    # 32), one row a block, together covering the row; longer still, staged or tiled.
+    # 32), one row a block, together covering the row; longer still, tiled.
     elem = torch.finfo(dtype).bits // 8
     split = SPLIT["backward" if "backward" in op else "forward"]
     per_thread = limit // 1024  # elements a thread holds
@@ -94,7 +93,7 @@ def test_long_rows_split_over_clusters(op, dtype, limit):
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
         assert f["G"] <= CTA_THREADS, (H, text)
         assert C == 2 or -(-need // (C // 2)) > CTA_THREADS, (H, text)  # the fewest CTAs
-    assert not plan(op, longest + 8 * 16, dtype).startswith("row "), (op, dtype)
+    assert plan(op, longest + 8 * 16, dtype).startswith("tiled "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
         torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
@@ -104,36 +103,56 @@ def test_long_rows_split_over_clusters(op, dtype, limit):
         torch.ops.polynorm._tune_rows()
 
 
-def test_long_rows_go_staged_while_a_stage_fits_then_tiled():
-    # Without clusters; with them, the row kernels hold these rows (above).
-    assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("staged ")
-    # A one-row stage of two inputs with H = 2^20 bf16 needs 4 MB: no shared memory holds it.
-    assert plan("backward", 1 << 20, torch.bfloat16).startswith("tiled ")
-    # With no shared memory at all, nothing is staged.
-    assert plan("forward", 65537, torch.bfloat16, smem_limit=0, clusters=False).startswith("tiled ")
-    f = fields(plan("forward", 65537, torch.bfloat16, clusters=False))
-    assert f["smem"] <= 207872 and 1 <= f["buffers"] <= 3
+# csrc/launch_plan.h's table, bf16 (fp32 rows hold half as many elements, fp64 a quarter):
+# (op, the longest row of one CTA, of a cluster, of one CTA without clusters). Past the last
+# row the table gives, the tiled kernels.
+TABLE_BF16 = [
+    ("forward", 32768, 262144, 65536),
+    ("backward", 8192, 131072, 32768),
+    ("mul_forward", 16384, 131072, 32768),
+    ("mul_backward", 4096, 65536, 16384),
+]
 
 
-@pytest.mark.parametrize("kind", ["row", "staged", "tiled"])
+@pytest.mark.parametrize("op,one_cta,cluster,no_clusters", TABLE_BF16)
+@pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1), (torch.float16, 1), (torch.float32, 2), (torch.float64, 4)],
+                         ids=str)
+def test_the_tables_boundaries(op, one_cta, cluster, no_clusters, dtype, scale):
+    # The boundaries written in csrc/launch_plan.h's table comment, for every dtype.
+    one_cta, cluster, no_clusters = one_cta // scale, cluster // scale, no_clusters // scale
+    for misaligned in (False, True):  # the output's alignment never moves a boundary
+        def kind(H, clusters=True):
+            text = plan(op, H, dtype, out_misaligned=misaligned, clusters=clusters)
+            return text.split()[0] + ("" if text.startswith("tiled") else f"x{fields(text)['cluster']}")
+
+        assert kind(one_cta) == "rowx1" and kind(one_cta + 1) == "rowx2", (op, dtype)
+        assert kind(cluster) == "rowx8" and kind(cluster + 1) == "tiled", (op, dtype)
+        assert kind(no_clusters, False) == "rowx1" and kind(no_clusters + 1, False) == "tiled", (op, dtype)
+
+
+@pytest.mark.parametrize("kind", ["row", "tiled"])
 def test_force_kernel_picks_a_family_where_it_can_serve(kind):
     try:
         force(kind)
-        assert plan("forward", 4096, torch.bfloat16).startswith(kind + " ")
-        assert plan("backward", 4096, torch.float32).startswith(kind + " ")
-        # Where the forced family cannot serve the row, the table's choice stands.
-        if kind == "row":
-            assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("staged ")
-        if kind == "staged":
-            assert plan("mul_forward", 4096, torch.bfloat16).startswith("row ")
+        for op in ("forward", "backward", "mul_forward", "mul_backward"):
+            assert plan(op, 4096, torch.bfloat16).startswith(kind + " "), op
+            assert plan(op, 4096, torch.float32).startswith(kind + " "), op
+        # Where the forced family cannot serve the row, the table's choice stands (the tiled
+        # kernels serve every row).
+        assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("tiled ")
+        assert plan("backward", 262145, torch.bfloat16).startswith("tiled ")
     finally:
         force("auto")
     assert plan("forward", 4096, torch.bfloat16).startswith("row ")
 
 
 def test_bad_arguments_are_refused_by_name():
-    with pytest.raises(ValueError, match="polynorm._force_kernel: expected kind to be one of auto, row, staged, tiled, got 'fast'"):
+    with pytest.raises(ValueError, match="polynorm._force_kernel: expected kind to be one of auto, row, tiled, got 'fast'"):
         force("fast")
+    # The staged kernels are gone (bench/NOTES.md, v6: clusters serve their rows, faster).
+    with pytest.raises(ValueError, match="expected kind to be one of auto, row, tiled, got 'staged'"):
+        force("staged")
+    assert plan("forward", 4096, torch.bfloat16).startswith("row ")  # a refused kind changes nothing
     with pytest.raises(ValueError, match="polynorm._launch_plan: expected op"):
         plan("sideways", 8, torch.float32)
     with pytest.raises(ValueError, match="expected H >= 1, got 0"):
@@ -164,13 +183,13 @@ def forced_kernel(request):
 
 
 @requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "staged", "tiled"], indirect=True)
+@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
 @pytest.mark.parametrize("layout", ["contiguous", "misaligned"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("H", [1, 127, 769, 5125])
 def test_every_family_matches_the_oracle(forced_kernel, layout, dtype, H):
-    # Each family serves these rows when forced (staged: a stage of one row fits), so the
-    # families the table picks only for long rows are checked at small H too.
+    # Each family serves these rows when forced, so the tiled kernels, which the table picks
+    # only for long rows, are checked at small H too.
     assert plan("forward", H, dtype).startswith(forced_kernel + " ")
     gen = torch.Generator().manual_seed(seed_for("forced", forced_kernel, H, dtype, layout))
     x = make_rows(37, H, dtype, "cuda", layout, gen)
@@ -181,7 +200,7 @@ def test_every_family_matches_the_oracle(forced_kernel, layout, dtype, H):
 
 
 @requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "staged", "tiled"], indirect=True)
+@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
 def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
     gen = torch.Generator().manual_seed(seed_for("forced-bits", forced_kernel))
     x = make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen)
@@ -221,9 +240,8 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
 
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------
-# mul_forward and mul_backward have a row build and a tiled build, no staged one: forcing
-# "staged" leaves the table's choice, and forcing "row" past the row kernels' register budget
-# gives the tiled build.
+# mul_forward and mul_backward have a row build and a tiled build, as PolyNorm's ops do: forcing
+# "row" past the row kernels' register budget gives the tiled build.
 
 MUL_ROW_PACKS = {"mul_forward": 4, "mul_backward": 2}  # csrc/launch_plan.h: kRowMulFwdPacks, kRowMulBwdPacks
 
@@ -238,7 +256,7 @@ def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool 
 
 
 @pytest.mark.parametrize("op", ["mul_forward", "mul_backward"])
-@pytest.mark.parametrize("kind", ["auto", "row", "staged", "tiled"])
+@pytest.mark.parametrize("kind", ["auto", "row", "tiled"])
 def test_mul_ops_forced_families(op, kind):
     # On the host: what the GPU tests below rely on, for every H they use and the boundaries.
     try:
@@ -251,7 +269,7 @@ def test_mul_ops_forced_families(op, kind):
                     expected = mul_family(op, H, dtype, kind, clusters)
                     text = plan(op, H, dtype, clusters=clusters)
                     assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
-                    # The output's alignment never changes the fused op's family (it has no staged build).
+                    # The output's alignment never changes the fused op's family.
                     text = plan(op, H, dtype, out_misaligned=True, clusters=clusters)
                     assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
     finally:
@@ -274,14 +292,13 @@ MUL_LAYOUT_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "staged", "tiled"], indirect=True)
+@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize(
     "H,x_layout,mul_layout,g_layout", MUL_LAYOUT_CASES, ids=["-".join(map(str, case)) for case in MUL_LAYOUT_CASES]
 )
 def test_every_mul_family_matches_the_oracle(forced_kernel, dtype, H, x_layout, mul_layout, g_layout):
-    # Forcing "staged" runs the table's choice (no staged build of the fused op): the plan
-    # says which family ran, and the oracle checks it the same way.
+    # The plan says which family ran (forcing "row" past its budget runs the tiled build).
     for op in ("mul_forward", "mul_backward"):
         expected = mul_family(op, H, dtype, forced_kernel, HAS_CLUSTERS)
         text = plan(op, H, dtype, clusters=HAS_CLUSTERS)

@@ -1,0 +1,480 @@
+// The backward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
+// (GroupArgs): the tiled kernel and the row kernel, each writing dx and its block's dW/dB
+// partial (grouped: per-row terms). Which serves which row: launch_plan.h; launched by
+// launch.cuh; the forward kernels: forward.cuh.
+#pragma once
+
+#include "args.cuh"
+#include "launch_plan.h"
+#include "packs.cuh"
+#include "reduce.cuh"
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+
+namespace polynorm {
+namespace {
+
+// Backward. One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and sum g; one group
+// reduction combines all four; then dx is written (docs/MATH.md):
+//   c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,
+//   dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)).
+// Each block also writes its rows' share of [dw0, dw1, dw2, db] = sum over rows of
+// [r_3 S_3, r_2 S_2, r_1 S_1, sum g], summed over its row groups in a fixed order.
+template <typename scalar_t, bool kMul>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_vec_ok,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_vec_ok,
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
+    int64_t M,
+    int64_t H) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][4];
+  __shared__ acc_t row_part[kBlockThreads][4];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;
+  const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* dx_row = grad_x + (active ? row : 0) * H;
+  const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : nullptr;
+  scalar_t* dm_row = kMul ? mul.grad_mul + (active ? row : 0) * H : nullptr;
+
+  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const bool owned = !grouped || expert < grouping.offsets.E;
+
+  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
+  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
+  const bool resident = packs <= int64_t(G) * kBwdPacks;
+
+  Pack xb[kBwdPacks];
+  Pack gb[kBwdPacks];
+  Pack mb[kMul ? kBwdPacks : 1];  // kMul: mul's packs; gb holds grad_out's
+  // g: the gradient reaching PolyNorm's y (grad_out * mul when kMul), in opmath.
+  auto grad_of = [&](const Pack& gp, const Pack& mp, int e) {
+    if constexpr (kMul) return P::value(gp, e) * P::value(mp, e);
+    return P::value(gp, e);
+  };
+  acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = grad_of(gp, mp, e);
+      const acc_t gx = g * v;
+      s[0] += gx;
+      s[1] += gx * v;
+      s[2] += gx * v * v;
+      s[3] += g;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        xb[i] = load_pack(x_row, p, H, x_vec_ok);
+        gb[i] = load_pack(g_row, p, H, g_vec_ok);
+        if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
+      }
+    }
+  }
+  group_reduce<4>(s, smem);
+
+  acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+  if (active && owned) {
+    r3 = rstd[row * 3 + 0];
+    r2 = rstd[row * 3 + 1];
+    r1 = rstd[row * 3 + 2];
+  }
+  if (grouped) {
+    // The row's share of its expert's [dw0, dw1, dw2, db] (0 for a row of no expert).
+    if (active && threadIdx.x == 0) {
+      grouping.row_terms[row * 4 + 0] = r3 * s[2];
+      grouping.row_terms[row * 4 + 1] = r2 * s[1];
+      grouping.row_terms[row * 4 + 2] = r1 * s[0];
+      grouping.row_terms[row * 4 + 3] = s[3];
+    }
+  } else {
+    // This block's share of the parameter gradients: row groups in order, then one write.
+    if (threadIdx.x == 0) {
+      row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
+      row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
+      row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
+      row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
+    }
+    __syncthreads();
+    const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
+    if (tid < 4) {
+      acc_t total = row_part[0][tid];
+      for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
+      param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
+    }
+    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
+  }
+  if (!active) return;  // no barrier below
+  if (!owned) {  // grouped, a row of no expert: grad_x = 0
+    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
+      store_pack(dx_row, p, H, dx_vec_ok, make_uint4(0u, 0u, 0u, 0u));
+    }
+    return;
+  }
+
+  // The row's weights: the kernel's, or its expert's.
+  acc_t w0, w1, w2, no_bias;
+  if (grouped) {
+    expert_params(grouping, weight, nullptr, expert, w0, w1, w2, no_bias);
+  } else {
+    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1), w2 = load_param<acc_t>(weight, 2);
+  }
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t c1 = w2 * r1;
+  const acc_t c2 = acc_t(2) * w1 * r2;
+  const acc_t c3 = acc_t(3) * w0 * r3;
+  const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
+  const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+  const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+
+  // kMul: y's Horner coefficients, as forward computes them.
+  const acc_t a3 = kMul ? w0 * r3 : acc_t(0);
+  const acc_t a2 = kMul ? w1 * r2 : acc_t(0);
+  const acc_t a1 = kMul ? w2 * r1 : acc_t(0);
+  const acc_t b = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);
+  // Writes pack p of dx (and, kMul, of grad_mul).
+  auto output = [&](const Pack& xp, const Pack& gp, const Pack& mp, int64_t p) {
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(xp, e);
+      const acc_t g = grad_of(gp, mp, e);
+      const acc_t v2 = v * v;
+      P::set(out, e, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
+    }
+    store_pack(dx_row, p, H, dx_vec_ok, out);
+    if constexpr (kMul) {
+#pragma unroll
+      for (int e = 0; e < P::kVec; ++e) {
+        const acc_t v = P::value(xp, e);
+        P::set(out, e, Elem<scalar_t>::from_acc(P::value(gp, e) * (v * (a1 + v * (a2 + v * a3)) + b)));
+      }
+      store_pack(dm_row, p, H, mul.grad_vec_ok, out);
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kBwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        output(xb[i], gb[i], mb[kMul ? i : 0], p);
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) {
+          xb[i] = load_pack(x_row, p, H, x_vec_ok);
+          gb[i] = load_pack(g_row, p, H, g_vec_ok);
+          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kBwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) output(xb[i], gb[i], mb[kMul ? i : 0], p);
+      }
+    }
+  }
+}
+
+// Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
+// reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
+// kPrefetch (aligned PolyNorm builds, bench tuning): the next row's x, grad_y and rstd are
+// loaded while this row is reduced and written, into a second set of registers.
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, (kPrefetch ? 4 : 2) * kPacks))
+    poly_norm_bwd_row_kernel(
+    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
+    int64_t g_row_stride,
+    bool g_realign_arg,
+    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,
+    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
+    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
+    bool dx_realign_arg,
+    bool same_phase_arg,                                 // every tensor's rows start alike in their chunks
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
+    int64_t M,
+    int64_t H,
+    int G,
+    int C) {                                             // CTAs a row (a cluster of C, R = 1), or 1
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t red[2][kRowMaxThreads / 32][4];
+  __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
+  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][4]
+  constexpr bool kRealign = kLayout != kAligned;  // as in forward
+  const bool x_realign = kLayout == kRealigned && x_realign_arg;
+  const bool g_realign = kLayout == kRealigned && g_realign_arg;
+  const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
+  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
+
+  const RowLane rl = row_lane<kPacks>(G, C);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
+  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // as in forward
+  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
+  const bool rank0 = rl.lane < G;  // the row's first CTA: its parameter-gradient terms
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2);
+  const acc_t mb_bias = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);  // kMul: y's bias
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  // Grouped (GroupArgs): the row's expert, searched before its loads are issued, its weights
+  // read during the reduction (as in forward). A row of no expert is not read (x, grad_y and
+  // rstd): it computes on zeros with zero weights and rstd, so grad_x = 0 and its row terms 0.
+  const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
+  const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
+
+  acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  static_assert(!kPrefetch || (kLayout == kAligned && !kMul && !kGrouped), "prefetch: aligned PolyNorm builds only");
+  const int64_t step = clusters * R;
+  Pack x_ahead[kPrefetch ? kPacks : 1], g_ahead[kPrefetch ? kPacks : 1];
+  acc_t r_ahead[3] = {acc_t(0), acc_t(0), acc_t(0)};
+  Pack x_ext, g_ext;
+  // kPrefetch: loads a row's x, grad_y and rstd into the registers `ahead` (row 0's data for
+  // a row past M, which is never stored).
+  const auto load_ahead = [&](int64_t row) {
+    if constexpr (kPrefetch) {
+      const int64_t at = row < M ? row : 0;
+      issue_row<scalar_t, kPacks>(x_ahead, x_ext, x + at * x_row_stride, H, rl, false);
+      issue_row<scalar_t, kPacks>(g_ahead, g_ext, grad_y + at * g_row_stride, H, rl, false);
+      r_ahead[0] = rstd[at * 3 + 0];
+      r_ahead[1] = rstd[at * 3 + 1];
+      r_ahead[2] = rstd[at * 3 + 2];
+    }
+  };
+  if constexpr (kPrefetch) load_ahead(cluster_id * R + group);
+  int parity = 0;
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;
+    const int64_t r = active ? row : 0;
+    const int expert = !grouped ? 0 : active ? static_cast<int>(expert_of(grouping.offsets, row)) : E;  // E: none
+    const bool owned = !grouped || expert < E;
+    acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
+    const scalar_t* x_row = x + r * x_row_stride;
+    const scalar_t* g_row = grad_y + r * g_row_stride;
+    Pack xb[kPacks];
+    Pack gb[kPacks];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        xb[i] = x_ahead[i];
+        gb[i] = g_ahead[i];
+      }
+      r3 = r_ahead[0];
+      r2 = r_ahead[1];
+      r1 = r_ahead[2];
+      load_ahead(row + step);
+    } else {
+      if (active && owned) {  // issued before the row's loads complete
+        r3 = rstd[row * 3 + 0];
+        r2 = rstd[row * 3 + 1];
+        r1 = rstd[row * 3 + 2];
+      }
+      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    }
+    // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
+    // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
+    Pack mb[kMul ? kPacks : 1] = {};
+    Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kMul) {
+      const scalar_t* m_row = mul.mul + r * mul.row_stride;
+      if (same_phase) {
+        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+      } else {
+        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+    auto grad_of = [&](const Pack& gp, const Pack& mp, int k) {
+      if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
+      return P::value(gp, k);
+    };
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    if (!same_phase) {
+      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
+      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
+    }
+
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
+      const int p = rl.base + i * rl.W;
+      const Pack xi = same_phase ? mask_pack<scalar_t>(realigned_pack(xb, x_ext, i, shift, rl), p, H) : xb[i];
+      const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
+      Pack mi = mb[kMul ? i : 0];
+      if constexpr (kMul) {
+        if (same_phase) mi = mask_pack<scalar_t>(realigned_pack(mb, m_ext, i, shift, rl), p, H);
+      }
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(xi, k);
+        const acc_t g = grad_of(gi, mi, k);
+        const acc_t gx = g * v;
+        s[0] += gx;
+        s[1] += gx * v;
+        s[2] += gx * v * v;
+        s[3] += g;
+      }
+    }
+    // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
+    if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
+    if (C > 1) {
+      cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+    } else {
+      row_reduce<4>(s, red[parity], rl);
+    }
+
+    if (grouped) {
+      // The row's share of its expert's [dw0, dw1, dw2, db]: the terms `part` adds below.
+      if (active && rl.lane == 0) {
+        grouping.row_terms[row * 4 + 0] = r3 * s[2];
+        grouping.row_terms[row * 4 + 1] = r2 * s[1];
+        grouping.row_terms[row * 4 + 2] = r1 * s[0];
+        grouping.row_terms[row * 4 + 3] = s[3];
+      }
+    } else if (active && rank0) {  // a cluster's other CTAs add nothing: their partials stay 0
+      part[0] += r3 * s[2];
+      part[1] += r2 * s[1];
+      part[2] += r1 * s[0];
+      part[3] += s[3];
+    }
+    // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
+    // range for |x| ~ 3e4 or tiny rows with eps = 0.
+    const acc_t c1 = rw2 * r1, c2 = acc_t(2) * rw1 * r2, c3 = acc_t(3) * rw0 * r3;
+    const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
+    const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+    const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+    // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
+    // goes to gb (grad_out's registers), x's become dx.
+    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
+    const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
+      return P::make([&](int k) {
+        const acc_t v = P::value(xp, k);
+        const acc_t g = grad_of(gp, mp, k);
+        const acc_t v2 = v * v;
+        return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
+      });
+    };
+    const auto grad_mul_of = [&](const Pack& xp, const Pack& gp) {
+      return P::make([&](int k) {
+        const acc_t v = P::value(xp, k);
+        return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
+      });
+    };
+    if (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      const int chunks = (end + 15) / 16;
+      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(grad_x + r * H) - shift);
+      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(mul.grad_mul + r * H) - shift) : nullptr;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        const int p = rl.base + i * rl.W;
+        if (active && p < chunks) {
+          store_own_chunk<scalar_t>(dx_dst, p, dx_of(xb[i], gb[i], mb[kMul ? i : 0]), shift, end);
+          if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, p, grad_mul_of(xb[i], gb[i]), shift, end);
+        }
+      }
+      if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
+        store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), shift, end);
+        if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), shift, end);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(xb[i]);
+      keep_raw(gb[i]);
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;  // never stored
+      const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
+      xb[i] = dx_of(xp, gp, mp);
+      if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
+    }
+    store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
+    if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
+  }
+
+  if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
+  // The block's partial: its groups in order (each group's rows already in order).
+  if (threadIdx.x % G == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
+  }
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    acc_t total = group_part[0][threadIdx.x];
+    for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+  }
+  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
+}
+
+}  // namespace
+}  // namespace polynorm

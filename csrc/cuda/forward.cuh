@@ -1,0 +1,349 @@
+// The forward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
+// (GroupArgs): the tiled kernel (any row, walked tile by tile) and the row kernel (the row in
+// registers, on one CTA or a thread-block cluster). Which serves which row: launch_plan.h;
+// launched by launch.cuh; the backward kernels: backward.cuh.
+#pragma once
+
+#include "args.cuh"
+#include "launch_plan.h"
+#include "packs.cuh"
+#include "reduce.cuh"
+
+#include <ATen/OpMathType.h>
+
+#include <cstdint>
+
+namespace polynorm {
+namespace {
+
+// Forward. One pass accumulates sum x^2, x^4, x^6 in opmath; one group reduction
+// combines all three; then rstd = [r_3, r_2, r_1] and y (Horner form) are written.
+template <typename scalar_t, bool kMul>
+__global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_vec_ok,                                 // x rows are 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_vec_ok,                                 // y rows are 16-byte aligned (H % VEC == 0)
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
+    int64_t M,
+    int64_t H,
+    double eps) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t smem[kMaxGroup / 32][3];
+
+  const int G = blockDim.x;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool active = row < M;  // inactive threads still join the reductions
+  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+  scalar_t* y_row = y + (active ? row : 0) * H;
+
+  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
+  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const bool owned = !grouped || expert < grouping.offsets.E;
+
+  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
+  // Rows of up to G * kFwdPacks packs stay in registers (x read once); the launch
+  // picks G so that every row up to kMaxGroup * kFwdPacks packs does. Longer rows are
+  // walked twice, tile by tile; the second walk mostly hits L2.
+  const bool resident = packs <= int64_t(G) * kFwdPacks;
+
+  Pack buf[kFwdPacks];
+  acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
+  auto accumulate = [&](const Pack& pk) {
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      const acc_t v2 = v * v;
+      s[0] += v2;
+      s[1] += v2 * v2;
+      s[2] += v2 * v2 * v2;
+    }
+  };
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+    }
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      if (int(threadIdx.x) + i * G < n) accumulate(buf[i]);
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        if (p0 + int64_t(i) * G < packs) accumulate(buf[i]);
+      }
+    }
+  }
+  group_reduce<3>(s, smem);
+
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+  // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+  const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+  const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+  const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+  if (!active) return;  // no barrier below
+  if (!owned) {  // grouped, a row of no expert: y = 0, rstd = 0
+    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
+      store_pack(y_row, p, H, y_vec_ok, make_uint4(0u, 0u, 0u, 0u));
+    }
+    if (threadIdx.x == 0) {
+      for (int k = 0; k < 3; ++k) rstd[row * 3 + k] = acc_t(0);
+    }
+    return;
+  }
+  if (threadIdx.x == 0) {
+    rstd[row * 3 + 0] = r3;
+    rstd[row * 3 + 1] = r2;
+    rstd[row * 3 + 2] = r1;
+  }
+  // The row's parameters: the kernel's, or its expert's.
+  acc_t w0, w1, w2, b;
+  if (grouped) {
+    expert_params(grouping, weight, &bias, expert, w0, w1, w2, b);
+  } else {
+    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+    w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  }
+  const acc_t a3 = w0 * r3;
+  const acc_t a2 = w1 * r2;
+  const acc_t a1 = w2 * r1;
+  const scalar_t* m_row = kMul ? mul.mul + row * mul.row_stride : nullptr;
+  auto output = [&](const Pack& pk, int64_t p) {
+    Pack m;
+    if constexpr (kMul) m = load_pack(m_row, p, H, mul.vec_ok);
+    Pack out;
+#pragma unroll
+    for (int e = 0; e < P::kVec; ++e) {
+      const acc_t v = P::value(pk, e);
+      acc_t o = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
+      if constexpr (kMul) o *= P::value(m, e);
+      P::set(out, e, Elem<scalar_t>::from_acc(o));
+    }
+    return out;
+  };
+
+  if (resident) {
+    const int n = static_cast<int>(packs);
+#pragma unroll
+    for (int i = 0; i < kFwdPacks; ++i) {
+      const int p = threadIdx.x + i * G;
+      if (p < n) {
+        keep_raw(buf[i]);
+        store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
+      }
+    }
+  } else {
+    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
+      }
+#pragma unroll
+      for (int i = 0; i < kFwdPacks; ++i) {
+        const int64_t p = p0 + int64_t(i) * G;
+        if (p < packs) store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
+      }
+    }
+  }
+}
+
+// Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
+// of C (R = 1).
+// kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
+// row is reduced and stored, into a second set of registers.
+// kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
+    poly_norm_fwd_row_kernel(
+    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
+    int64_t x_row_stride,
+    bool x_realign_arg,                            // some x rows are not 16-byte aligned
+    scalar_t* __restrict__ y,                      // [M, H] contiguous
+    bool y_realign_arg,                            // y rows are not all aligned, or H % VEC != 0
+    bool same_phase_arg,                           // x, y (and mul) rows start alike in their chunks
+    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
+    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
+    ParamRef bias,                                 // (1,) any float dtype
+    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
+    GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
+    int64_t M,
+    int64_t H,
+    double eps,
+    int G,
+    int C) {                                       // CTAs a row (a cluster of C, R = 1), or 1
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  __shared__ acc_t red[2][kRowMaxThreads / 32][3];
+  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][3]
+  // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
+  // (no realignment code, no registers for it); kRealigned, rows realigned on load and
+  // store; kSamePhase, rows that start alike in every tensor (realigned_pack).
+  constexpr bool kRealign = kLayout != kAligned;
+  const bool x_realign = kLayout == kRealigned && x_realign_arg;
+  const bool y_realign = kLayout == kRealigned && y_realign_arg;
+  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
+
+  const RowLane rl = row_lane<kPacks>(G, C);
+  const int R = blockDim.x / G;
+  const int group = threadIdx.x / G;
+  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
+  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // the block's rows: R from cluster_id R
+  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
+
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
+  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
+  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
+  const acc_t e = static_cast<acc_t>(eps);
+  // Grouped (GroupArgs): a row's expert, E for a row of no expert or past M. Searched before
+  // the row's loads are issued, so that a row of no expert is not read (a load of length 0,
+  // all zeros); it then computes with zero parameters and rstd: y = 0. The expert's
+  // parameters are read late (during the row's reduction), so that only the expert's index
+  // is live while the row is in registers.
+  const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
+  const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
+  const auto expert_of_row = [&](int64_t row) {
+    return row < M ? static_cast<int>(expert_of(grouping.offsets, row)) : E;
+  };
+
+  static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
+  const int64_t step = clusters * R;
+  Pack ahead[kPrefetch ? kPacks : 1];
+  Pack ext;
+  int ahead_expert = 0;  // kPrefetch, grouped: the expert of the row in `ahead`
+  if constexpr (kPrefetch) {
+    const int64_t row = cluster_id * R + group;
+    if (grouped) ahead_expert = expert_of_row(row);
+    issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (row < M ? row : 0) * x_row_stride,
+                                grouped && ahead_expert == E ? 0 : H, rl, false);
+  }
+  int parity = 0;
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
+    const int64_t row = first + group;
+    const bool active = row < M;  // inactive groups read row 0 and join the barriers
+    const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    int expert = 0;
+    if (grouped) expert = kPrefetch ? ahead_expert : expert_of_row(row);
+    const bool owned = !grouped || expert < E;
+    Pack buf[kPacks];
+    if constexpr (kPrefetch) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
+      const int64_t next = row + step;
+      if (grouped) ahead_expert = expert_of_row(next);
+      issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (next < M ? next : 0) * x_row_stride,
+                                  grouped && ahead_expert == E ? 0 : H, rl, false);
+    } else {
+      issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    }
+    // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
+    // during the reduction; element-wise when mul's rows are misaligned.
+    // Same phase: mul's chunks as loaded, like x's.
+    Pack mb[kMul ? kPacks : 1] = {};
+    Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (kMul) {
+      const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
+      if (same_phase) {
+        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+      } else {
+        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        }
+      }
+    }
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    if (!same_phase) finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
+
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
+      const Pack in = same_phase ? mask_pack<scalar_t>(realigned_pack(buf, ext, i, shift, rl), rl.base + i * rl.W, H)
+                                 : buf[i];
+#pragma unroll
+      for (int k = 0; k < P::kVec; ++k) {
+        const acc_t v = P::value(in, k);
+        const acc_t v2 = v * v;
+        s[0] += v2;
+        s[1] += v2 * v2;
+        s[2] += v2 * v2 * v2;
+      }
+    }
+    // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
+    if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
+    if (C > 1) {
+      cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+    } else {
+      row_reduce<3>(s, red[parity], rl);
+    }
+
+    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
+    acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
+    acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
+    acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    if (!owned) r1 = r2 = r3 = acc_t(0);  // grouped, a row of no expert: rstd = 0
+    if (active && rl.lane == 0) {
+      rstd[row * 3 + 0] = r3;
+      rstd[row * 3 + 1] = r2;
+      rstd[row * 3 + 2] = r1;
+    }
+    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
+    const auto output = [&](const Pack& in, const Pack& m) {
+      return P::make([&](int k) {
+        const acc_t v = P::value(in, k);
+        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + rb;  // Horner form
+        if constexpr (kMul) return yv * P::value(m, k);
+        return yv;
+      });
+    };
+    scalar_t* y_row = y + (active ? row : 0) * H;
+    if (same_phase) {
+      // Chunk p of y from chunk p of x (and mul); the chunk after the last segment, held in
+      // ext by its last lane only, when the row reaches into it.
+      Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(y_row) - shift);
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      const int chunks = (end + 15) / 16;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(buf[i]);
+        const int p = rl.base + i * rl.W;
+        if (active && p < chunks) store_own_chunk<scalar_t>(dst, p, output(buf[i], mb[kMul ? i : 0]), shift, end);
+      }
+      if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
+        store_own_chunk<scalar_t>(dst, rl.seg_end, output(ext, m_ext), shift, end);
+      }
+      continue;
+    }
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      keep_raw(buf[i]);
+      if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
+    }
+    store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
+  }
+}
+
+}  // namespace
+}  // namespace polynorm

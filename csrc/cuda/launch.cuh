@@ -1,0 +1,522 @@
+// CUDA kernels for polynorm::forward and backward, for the fused PolyNorm x mul
+// (mul_forward, mul_backward) and for the grouped PolyNorm of mixture-of-experts layers
+// (grouped_forward, grouped_backward). This file is the host side (the launch plan of each
+// call, grids, launchers, launch_forward and launch_backward), included by polynorm_cuda.cu
+// (PolyNorm, grouped) and polynorm_mul_cuda.cu (the fused op), which compile in parallel. The
+// fused op is the same kernels with kMul = true (see MulArgs); the grouped ops are the row and
+// tiled kernels with a per-row expert, a build flag of the row kernels (see GroupArgs).
+//
+// Where the rest lives (csrc/cuda/, each header includes what it uses):
+// - launch_plan.h (csrc/): the table of which kernel serves which (op, H, dtype), and why;
+// - forward.cuh, backward.cuh: the kernels, tiled then row;
+// - packs.cuh: 16-byte packs, loads and stores, the row kernels' lane layout and realignment;
+// - reduce.cuh: the reductions (tiled group, row, cluster) and the dW/dB partials' last-block sum;
+// - args.cuh: the fused op's and the grouped ops' kernel arguments (MulArgs, GroupArgs).
+//
+// Two kernel families, chosen by H, the dtype and whether the device launches clusters alone
+// (so a row's bits never depend on its batch or on M):
+// - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row held in registers by G threads, read
+//   from device memory once; see "Row kernels (v5)" in packs.cuh. A row longer than one CTA
+//   takes (past 512 threads forward, 256 backward) is split over a thread-block cluster of up
+//   to 8 CTAs that add their sums through distributed shared memory (sm_90 and later; bf16:
+//   H <= 262144 forward, 131072 backward). Almost every model runs here.
+// - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row (on devices without
+//   clusters, any row past one CTA of 1024 threads), walked twice when it exceeds the
+//   registers of a 1024-thread group.
+// Common to both:
+// - Every warp access is 512 contiguous bytes (row kernels: a warp segment's lanes; tiled:
+//   lane t of G owns packs t, t + G, ...); each per-thread sum runs over its packs in order
+//   and the reduction has a fixed shape, set by the launch plan: results are bitwise the same
+//   whatever the batch, the alignment of the row, or the run.
+// - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
+//   64-bit; dW and dB come from per-block partials that the backward's last block sums
+//   in block order (finish_param_grads): one launch, and the same bits on every run
+//   (grouped: per-row terms, summed per expert by a second kernel, grouped_param_sums).
+// bench/NOTES.md records each version's prediction and measured outcome.
+#pragma once
+
+#include "backward.cuh"
+#include "forward.cuh"
+#include "launch_plan.h"
+#include "polynorm.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace polynorm {
+namespace {
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+ParamRef param_ref(const at::Tensor& t) {
+  // numel is 1 or 3; a flat view's stride steps between elements (the tensor may be a view).
+  const at::Tensor flat = t.reshape({t.numel()});
+  return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
+}
+
+// Whether the current device launches thread-block clusters (sm_90 and later), cached.
+bool device_launches_clusters() {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<int, bool> cache;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  int value = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device));
+  cache.emplace(device, value != 0);
+  return value != 0;
+}
+
+// launch_plan.h's choice for this launch: on this device (clusters or not), under the family
+// a benchmark or test forces (_force_kernel).
+LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_misaligned) {
+  const KernelKind forced = forced_kernel();
+  const bool clusters = device_launches_clusters();
+  return plan_launch(backward, mul, H, elem_size, out_misaligned, forced, clusters);
+}
+
+// Row kernels (G and the block size: row_plan in launch_plan.h). The persistent grid is
+// as many blocks as fit at once (their register use caps it, ~64 a thread under the
+// 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
+// tree of the reduction; M only sets the grid, which no row's bits depend on.
+// Six builds of each row kernel: by layout (RowLayout: aligned rows, realigned rows,
+// same-phase rows), and for blocks of up to 256 threads (free to use 64-80 registers a
+// thread) or up to 1024 (capped at 64, where a few values spill to local memory).
+template <template <int, int> class Build>
+auto row_kernel(const RowPlan& plan, int layout) {
+  const bool small = plan.threads <= 256;
+  if (layout == kAligned) return small ? Build<kAligned, 256>::get() : Build<kAligned, kRowMaxThreads>::get();
+  if (layout == kRealigned) return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
+  return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
+}
+
+// The SM count and a kernel's resident blocks per SM, cached per device: querying them
+// takes microseconds, as long as a small kernel runs.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  using Key = std::tuple<int, const void*, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), threads, smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  int sms = 0, per_sm = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  const int64_t blocks = int64_t(sms) * std::max(per_sm, 1);
+  cache.emplace(key, blocks);
+  return blocks;
+}
+
+// Whether rows of a and b (row strides in elements) start at the same offset into their
+// 16-byte chunks, row for row: the row kernels' same-phase path (realigned_pack).
+template <typename scalar_t>
+bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
+  const int64_t size = sizeof(scalar_t);
+  return reinterpret_cast<uintptr_t>(a) % 16 == reinterpret_cast<uintptr_t>(b) % 16 &&
+         (a_stride * size) % 16 == (b_stride * size) % 16;
+}
+
+// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums].
+size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
+  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
+}
+
+// The launch configuration of a row kernel's grid: clusters of plan.cluster CTAs when > 1.
+struct RowLaunch {
+  cudaLaunchConfig_t config{};
+  cudaLaunchAttribute cluster{};
+};
+
+RowLaunch row_launch(const RowPlan& plan, int64_t grid, size_t smem, cudaStream_t stream) {
+  RowLaunch launch;
+  launch.config.gridDim = dim3(static_cast<unsigned>(grid));
+  launch.config.blockDim = dim3(static_cast<unsigned>(plan.threads));
+  launch.config.dynamicSmemBytes = smem;
+  launch.config.stream = stream;
+  launch.cluster.id = cudaLaunchAttributeClusterDimension;
+  launch.cluster.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+  launch.cluster.val.clusterDim.y = 1;
+  launch.cluster.val.clusterDim.z = 1;
+  launch.config.attrs = &launch.cluster;
+  launch.config.numAttrs = 1;
+  return launch;
+}
+
+// Clusters of a row kernel resident on the device at once (cached per device, kernel and
+// geometry); clusters of more than 8 CTAs (not portable) are allowed for the kernel first.
+// Zero when the device cannot place one such cluster: plan_row_launch's error.
+template <typename Kernel>
+int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  using Key = std::tuple<int, const void*, int, int, size_t>;
+  static std::mutex mutex;
+  static std::map<Key, int64_t> cache;
+  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem};
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (plan.cluster > 8) {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  }
+  const RowLaunch launch = row_launch(plan, plan.cluster, smem, nullptr);
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
+  cache.emplace(key, clusters);
+  return clusters;
+}
+
+// `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
+// a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
+// plan.cluster.
+template <typename Kernel>
+int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int waves = 1) {
+  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  if (plan.cluster > 1) {
+    const int64_t resident = resident_clusters(kernel, plan, smem);
+    TORCH_CHECK(resident > 0, "polynorm: this device cannot run a cluster of ", plan.cluster, " blocks of ",
+                plan.threads, " threads (rows of ", plan.cluster * plan.G, " threads); _tune_rows sets smaller clusters");
+    const int64_t clusters = waves == 0 ? row_blocks : std::min<int64_t>(row_blocks, waves * resident);
+    return std::max<int64_t>(1, clusters) * plan.cluster;
+  }
+  if (waves == 0) return std::max<int64_t>(1, row_blocks);
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
+}
+
+// Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
+template <typename... Params, typename... Args>
+void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  if (plan.cluster == 1) {
+    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  const RowLaunch launch = row_launch(plan, grid, smem, stream);
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
+}
+
+// The row kernel's forward launch for kPacks packs a thread. The grid: persistent for
+// aligned rows of 128-256 threads, a block per R rows otherwise (below); `_tune_rows`
+// overrides it.
+template <typename scalar_t, int kPacks, bool kMul>
+struct FwdRowBuild {
+  template <int kLayout, int kMaxThreads>
+  struct Of {
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+  };
+  template <int kLayout, int kMaxThreads>
+  struct Grouped {
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
+  };
+};
+
+template <typename scalar_t, int kPacks, bool kMul>
+void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
+                        scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
+                        const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping, int64_t M,
+                        int64_t H, double eps, cudaStream_t stream) {
+  const RowPlan& row = lp.row;
+  const RowTuning tuning = row_tuning();
+  const bool realign = !x_vec_ok || !y_vec_ok;
+  bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
+  if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
+  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
+  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+  if constexpr (!kMul) {
+    if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+  }
+  bool prefetch = false;
+  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
+    // 2-byte rows of 4 packs a thread: the next row's loads in flight while this one is
+    // reduced (measured 1-7% faster, bench/NOTES.md v5).
+    prefetch = layout == kAligned && tuning.prefetch && !grouped;
+    if (prefetch) {
+      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, true>
+                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, false, true>;
+    }
+  }
+  // Persistent for aligned rows of 128-256 threads and for rows of clusters, a block per R
+  // rows otherwise (tune_rows: 2-5% faster for short rows, 6-9% for realigned and long rows
+  // of one CTA, bench/NOTES.md v5; clusters: mul_forward at H = 32768-131072 10-15% faster
+  // persistent, v6 call 3).
+  const bool persistent = (layout == kAligned && row.G >= 128 && row.G < 512) || row.cluster > 1;
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
+  const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
+  const int64_t grid = row_grid(kernel, row, M, smem, waves);
+  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, same_phase, rstd,
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
+}
+
+// The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
+// for a grouped launch, whose rows write their terms to grouping.row_terms instead).
+template <typename scalar_t, int kPacks, bool kMul>
+struct BwdRowBuild {
+  template <int kLayout, int kMaxThreads>
+  struct Of {
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+  };
+  template <int kLayout, int kMaxThreads>
+  struct Grouped {
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
+  };
+};
+
+template <typename scalar_t, int kPacks, bool kMul>
+void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
+                         int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
+                         const at::opmath_type<scalar_t>* rstd, ParamRef weight, scalar_t* dx_ptr,
+                         ParamGrads<at::opmath_type<scalar_t>> pg, at::Tensor& partials, const at::Tensor& acc_like,
+                         const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping,
+                         int64_t M, int64_t H, cudaStream_t stream) {
+  const RowPlan& row = lp.row;
+  const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
+  bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
+                    same_phase_rows(x_ptr, x_stride, dx_ptr, H);
+  if constexpr (kMul) {
+    same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride) &&
+                 same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
+  }
+  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
+  auto kernel = poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
+  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks == 2) {
+    // Bench tuning only (_tune_rows(bwd_packs=2)): 2 packs of x and grad_y a thread, aligned
+    // PolyNorm rows, with or without the next row's loads in flight (prefetch).
+    TORCH_CHECK(layout == kAligned && !grouped,
+                "polynorm._tune_rows: bwd_packs=2 is built for aligned PolyNorm rows only");
+    const bool small = row.threads <= 256, prefetch = row_tuning().prefetch;
+    kernel = prefetch ? (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false, true>
+                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false, true>)
+                      : (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false>
+                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false>);
+  } else {
+    kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+    if constexpr (!kMul) {
+      if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+    }
+  }
+  const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
+  const int waves = row_tuning().grid_waves;  // bench tuning; the table: persistent
+  const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
+  if (grouping.offsets.ptr == nullptr) {
+    partials = at::empty({blocks, 4}, acc_like.options());
+    pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
+  }
+  launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
+                    weight, dx_ptr, !dx_vec_ok, same_phase, pg, mul, grouping, M, H, row.G, row.cluster);
+}
+
+// Arrival counters for the backward's last-block reduction (finish_param_grads), in static
+// device memory: zero when the module loads, never allocated (so a first use inside
+// CUDA-graph capture is fine), and back at zero after every launch. Two launches must never
+// run on one counter at the same time:
+// - An eager launch takes its stream's counter. Launches on one stream run one after
+//   another. Streams get counters in order of first use; past kStreamSlots streams on a
+//   device they share, which matters only if two of those streams run a backward at once.
+// - A launch captured into a CUDA graph takes a counter of its own, never used by another
+//   launch (a graph may be replayed on any stream, concurrently with eager work, while one
+//   graph's replays run one after another). Past kCaptureSlots captures on a device, the
+//   capture counters are reused, oldest first.
+constexpr int kStreamSlots = 4096;
+constexpr int kCaptureSlots = 61440;
+__device__ unsigned int g_arrivals[kStreamSlots + kCaptureSlots];  // 256 KB a device
+
+unsigned int* arrival_counter(cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  struct DeviceSlots {
+    unsigned int* base = nullptr;
+    std::map<cudaStream_t, unsigned int*> streams;
+    int64_t captures = 0;
+  };
+  static std::mutex mutex;
+  static std::map<int, DeviceSlots> devices;
+  const std::lock_guard<std::mutex> lock(mutex);
+  DeviceSlots& slots = devices[device];
+  if (slots.base == nullptr) {
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
+    slots.base = static_cast<unsigned int*>(ptr);
+  }
+  if (capture != cudaStreamCaptureStatusNone) {
+    return slots.base + kStreamSlots + (slots.captures++ % kCaptureSlots);
+  }
+  const auto it = slots.streams.find(stream);
+  if (it != slots.streams.end()) return it->second;
+  unsigned int* slot = slots.base + static_cast<int64_t>(slots.streams.size()) % kStreamSlots;
+  slots.streams.emplace(stream, slot);
+  return slot;
+}
+
+// The extra tensors of a grouped launch (grouped_forward, grouped_backward; GroupArgs): the
+// launch's weight and bias are then [E, 3] and [E] or [E, 1].
+struct GroupTensors {
+  const at::Tensor& offsets;  // [E] int32 or int64 on x's device: cumulative end offsets
+  at::Tensor* row_terms;      // backward: [M, 4] opmath, filled with each row's terms
+};
+
+// A launch's GroupArgs: not grouped (offsets.ptr == nullptr) without `groups`.
+template <typename acc_t>
+GroupArgs<acc_t> group_args(const GroupTensors* groups, const at::Tensor& weight, const at::Tensor* bias) {
+  GroupArgs<acc_t> args{};
+  if (groups == nullptr) return args;
+  args.offsets = expert_offsets(groups->offsets);
+  args.w_expert_stride = weight.stride(0);
+  args.b_expert_stride = bias != nullptr ? bias->stride(0) : 0;
+  args.row_terms = groups->row_terms != nullptr ? groups->row_terms->mutable_data_ptr<acc_t>() : nullptr;
+  return args;
+}
+
+// The kernel's weight and bias: (3,) and (1,), or, grouped, [E, 3] and [E] / [E, 1], whose
+// ParamRef steps between w0, w1, w2 (GroupArgs steps between experts).
+ParamRef weight_ref(const at::Tensor& weight, const GroupTensors* groups) {
+  return groups != nullptr ? ParamRef{weight.const_data_ptr(), weight.stride(1), weight.scalar_type()}
+                           : param_ref(weight);
+}
+ParamRef bias_ref(const at::Tensor& bias, const GroupTensors* groups) {
+  return groups != nullptr ? ParamRef{bias.const_data_ptr(), 0, bias.scalar_type()} : param_ref(bias);
+}
+
+// One launch of the forward (kMul = false: polynorm::forward, or grouped_forward with
+// `groups`; true: mul_forward, with `mul` read like x). Fills out [M, H] and rstd [M, 3];
+// argument checks are the caller's.
+template <bool kMul>
+void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& weight, const at::Tensor& bias,
+                    double eps, at::Tensor& out, at::Tensor& rstd, const GroupTensors* groups = nullptr) {
+  if (rows.M == 0) return;
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "polynorm.forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    constexpr int kPacks = kMul ? kRowMulFwdPacks : kRowFwdPacks;  // = lp.packs
+    const scalar_t* x_ptr = rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* y_ptr = out.mutable_data_ptr<scalar_t>();
+    const bool y_vec_ok = aligned16(y_ptr) && rows.H % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && rows.row_stride % kVec == 0;
+    MulArgs<scalar_t> mul{};
+    if constexpr (kMul) {
+      mul.mul = mul_rows->tensor.const_data_ptr<scalar_t>();
+      mul.row_stride = mul_rows->row_stride;
+      mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
+    }
+    const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, &bias);
+    const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
+    const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
+    if (lp.kind == KernelKind::kRow) {
+      // PolyNorm's 2-byte builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
+      auto launch = [&](auto packs) {
+        launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
+            lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
+            grouping, rows.M, rows.H, eps, stream);
+      };
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
+      }
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      return launch(std::integral_constant<int, kPacks>{});
+    }
+    const dim3 block(lp.tiled.G, lp.tiled.rows);
+    const int64_t grid = (rows.M + block.y - 1) / block.y;
+    poly_norm_fwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(grid), block, 0, stream>>>(
+        x_ptr, rows.row_stride, x_vec_ok, y_ptr, y_vec_ok, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
+        grouping, rows.M, rows.H, eps);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+}
+
+// One launch of the backward (kMul = false: polynorm::backward, g_rows = grad_y; true:
+// mul_backward, g_rows = grad_out, and grad_mul is written). Fills grad_x, grad_weight and
+// grad_bias (opmath sums); argument checks are the caller's. Grouped (grouped_backward, with
+// `groups`): fills grad_x and groups->row_terms, and writes grad_weight and grad_bias only when
+// M = 0 (zeros); grouped_param_sums then sums the row terms per expert.
+template <bool kMul>
+void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_rows, const at::Tensor& weight,
+                     const at::Tensor* bias, const at::Tensor& rstd, at::Tensor& grad_x, at::Tensor* grad_mul,
+                     at::Tensor& grad_weight, at::Tensor& grad_bias, const GroupTensors* groups = nullptr) {
+  if (x_rows.M == 0) {
+    grad_weight.zero_();
+    grad_bias.zero_();
+    return;
+  }
+  const at::Tensor rstd_c = rstd.contiguous();  // [M, 3]: at most a tiny copy
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_x.scalar_type(), "polynorm.backward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    constexpr int kVec = PackOf<scalar_t>::kVec;
+    constexpr int kPacks = kMul ? kRowMulBwdPacks : kRowBwdPacks;  // = lp.packs
+    const scalar_t* g_ptr = g_rows.tensor.const_data_ptr<scalar_t>();
+    const scalar_t* x_ptr = x_rows.tensor.const_data_ptr<scalar_t>();
+    scalar_t* dx_ptr = grad_x.mutable_data_ptr<scalar_t>();
+    const bool dx_vec_ok = aligned16(dx_ptr) && x_rows.H % kVec == 0;
+    const bool g_vec_ok = aligned16(g_ptr) && g_rows.row_stride % kVec == 0;
+    const bool x_vec_ok = aligned16(x_ptr) && x_rows.row_stride % kVec == 0;
+    MulArgs<scalar_t> mul{};
+    if constexpr (kMul) {
+      mul.mul = mul_rows->tensor.const_data_ptr<scalar_t>();
+      mul.row_stride = mul_rows->row_stride;
+      mul.vec_ok = aligned16(mul.mul) && mul.row_stride % kVec == 0;
+      mul.grad_mul = grad_mul->mutable_data_ptr<scalar_t>();
+      mul.grad_vec_ok = aligned16(mul.grad_mul) && x_rows.H % kVec == 0;
+      mul.bias = param_ref(*bias);
+    }
+    const GroupArgs<acc_t> grouping = group_args<acc_t>(groups, weight, nullptr);
+    const ParamRef w_ref = weight_ref(weight, groups);
+    const LaunchPlan lp = plan_for(true, kMul, x_rows.H, sizeof(scalar_t), !dx_vec_ok);
+    const at::Tensor& acc_like = grad_weight;  // opmath, on x's device
+    at::Tensor partials;  // O(M) at most: one [4] entry per block
+    int64_t blocks = 0;
+    // Grouped: no partials, no last block's sum, nothing written to grad_weight or grad_bias.
+    unsigned int* arrivals = groups == nullptr ? arrival_counter(stream) : nullptr;
+    acc_t* dw_ptr = groups == nullptr ? grad_weight.mutable_data_ptr<acc_t>() : nullptr;
+    acc_t* db_ptr = groups == nullptr ? grad_bias.mutable_data_ptr<acc_t>() : nullptr;
+    const auto param_grads = [&] {  // allocates the `blocks` partials (a grouped launch has none)
+      if (groups == nullptr) partials = at::empty({blocks, 4}, acc_like.options());
+      return ParamGrads<acc_t>{groups == nullptr ? partials.mutable_data_ptr<acc_t>() : nullptr, arrivals, dw_ptr,
+                               db_ptr};
+    };
+    if (lp.kind == KernelKind::kRow) {
+      auto launch = [&](auto packs) {
+        launch_backward_row<scalar_t, decltype(packs)::value, kMul>(
+            lp, g_vec_ok, x_vec_ok, dx_vec_ok, g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride,
+            rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
+            partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
+      };
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});  // bench tuning
+      }
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      launch(std::integral_constant<int, kPacks>{});
+    } else {
+      const dim3 block(lp.tiled.G, lp.tiled.rows);
+      blocks = (x_rows.M + block.y - 1) / block.y;
+      poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
+          g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
+          w_ref, dx_ptr, dx_vec_ok, param_grads(), mul, grouping, x_rows.M, x_rows.H);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace polynorm

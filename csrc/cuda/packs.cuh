@@ -1,0 +1,420 @@
+// Rows as 16-byte packs, for every CUDA kernel: Pack, Elem and PackOf (raw elements and their
+// conversion), ParamRef/load_param (parameters read on the device), load_pack/store_pack (the
+// tiled kernels' access), then the row kernels' lane layout and the realignment of misaligned
+// rows (RowLane ... store_own_chunk). Reductions: reduce.cuh; kernel arguments: args.cuh;
+// kernels: forward.cuh, backward.cuh; host side and overview: launch.cuh.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <c10/core/ScalarType.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace polynorm {
+namespace {
+
+// A pack is 16 bytes of one row, kept as four raw 32-bit words. Elements are
+// converted to opmath when used, not when loaded: the registers hold the row in its
+// own (narrow) dtype, and keep_raw() stops the compiler from caching the converted
+// values across the row reduction instead (twice the registers for fp16/bf16).
+using Pack = uint4;
+
+__device__ __forceinline__ uint32_t& word(Pack& p, int i) { return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w; }
+__device__ __forceinline__ uint32_t word(const Pack& p, int i) {
+  return i == 0 ? p.x : i == 1 ? p.y : i == 2 ? p.z : p.w;
+}
+__device__ __forceinline__ void keep_raw(Pack& p) {
+  asm volatile("" : "+r"(p.x), "+r"(p.y), "+r"(p.z), "+r"(p.w));
+}
+
+// Element access and conversion by dtype. Raw bits travel as uint16/32/64.
+template <typename scalar_t>
+struct Elem;
+
+template <>
+struct Elem<float> {
+  using raw_t = uint32_t;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(r); }
+  __device__ static raw_t from_acc(float v) { return __float_as_uint(v); }
+};
+template <>
+struct Elem<double> {
+  using raw_t = unsigned long long;
+  __device__ static double to_acc(raw_t r) { return __longlong_as_double(static_cast<long long>(r)); }
+  __device__ static raw_t from_acc(double v) { return static_cast<raw_t>(__double_as_longlong(v)); }
+};
+template <>
+struct Elem<c10::Half> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __half2float(__ushort_as_half(r)); }
+  __device__ static raw_t from_acc(float v) { return __half_as_ushort(__float2half_rn(v)); }
+};
+template <>
+struct Elem<c10::BFloat16> {
+  using raw_t = unsigned short;
+  __device__ static float to_acc(raw_t r) { return __uint_as_float(static_cast<uint32_t>(r) << 16); }
+  __device__ static raw_t from_acc(float v) { return __bfloat16_as_ushort(__float2bfloat16_rn(v)); }
+};
+
+template <typename scalar_t>
+struct PackOf {
+  using raw_t = typename Elem<scalar_t>::raw_t;
+  static constexpr int kVec = 16 / sizeof(scalar_t);
+
+  __device__ static raw_t get(const Pack& p, int e) {
+    if constexpr (sizeof(raw_t) == 2) {
+      return static_cast<raw_t>(word(p, e / 2) >> (16 * (e % 2)));
+    } else if constexpr (sizeof(raw_t) == 4) {
+      return word(p, e);
+    } else {
+      return (static_cast<raw_t>(word(p, 2 * e + 1)) << 32) | word(p, 2 * e);
+    }
+  }
+  __device__ static void set(Pack& p, int e, raw_t r) {
+    if constexpr (sizeof(raw_t) == 2) {
+      uint32_t& w = word(p, e / 2);
+      w = e % 2 == 0 ? (w & 0xffff0000u) | r : (w & 0x0000ffffu) | (static_cast<uint32_t>(r) << 16);
+    } else if constexpr (sizeof(raw_t) == 4) {
+      word(p, e) = r;
+    } else {
+      word(p, 2 * e) = static_cast<uint32_t>(r);
+      word(p, 2 * e + 1) = static_cast<uint32_t>(r >> 32);
+    }
+  }
+  __device__ static at::opmath_type<scalar_t> value(const Pack& p, int e) { return Elem<scalar_t>::to_acc(get(p, e)); }
+  // Rounds and stores element e of every pack from f(e): two 16-bit elements a word with
+  // one paired conversion (cvt.rn.bf16x2.f32 / f16x2) instead of two and a merge.
+  template <typename F>
+  __device__ static Pack make(F f) {
+    Pack out;
+    if constexpr (std::is_same_v<scalar_t, c10::BFloat16>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __nv_bfloat162 v = __floats2bfloat162_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else if constexpr (std::is_same_v<scalar_t, c10::Half>) {
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const __half2 v = __floats2half2_rn(f(2 * w), f(2 * w + 1));
+        word(out, w) = *reinterpret_cast<const uint32_t*>(&v);
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) set(out, e, Elem<scalar_t>::from_acc(f(e)));
+    }
+    return out;
+  }
+};
+
+// A weight or bias element of any float dtype, read on the device so that no host
+// synchronisation (and no conversion kernel) is needed.
+struct ParamRef {
+  const void* ptr;
+  int64_t stride;
+  c10::ScalarType dtype;
+};
+
+template <typename acc_t>
+__device__ __forceinline__ acc_t load_param(const ParamRef& p, int64_t i) {
+  switch (p.dtype) {
+    case c10::ScalarType::Double:
+      return static_cast<acc_t>(static_cast<const double*>(p.ptr)[i * p.stride]);
+    case c10::ScalarType::Half:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::Half*>(p.ptr)[i * p.stride]));
+    case c10::ScalarType::BFloat16:
+      return static_cast<acc_t>(static_cast<float>(static_cast<const c10::BFloat16*>(p.ptr)[i * p.stride]));
+    default:
+      return static_cast<acc_t>(static_cast<const float*>(p.ptr)[i * p.stride]);
+  }
+}
+
+// Loads pack `p` of a row (columns p*VEC .. p*VEC+VEC-1), zero past H. The
+// element-wise path (misaligned rows, the tail of an odd H) gives the same values.
+template <typename scalar_t>
+__device__ __forceinline__ Pack load_pack(const scalar_t* row, int64_t p, int64_t H, bool vec_ok) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) return *reinterpret_cast<const Pack*>(row + col);
+  const auto* raw = reinterpret_cast<const typename P::raw_t*>(row);
+  Pack out = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) P::set(out, e, raw[col + e]);
+  }
+  return out;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, bool vec_ok, const Pack& val) {
+  using P = PackOf<scalar_t>;
+  const int64_t col = p * P::kVec;
+  if (vec_ok && col + P::kVec <= H) {
+    *reinterpret_cast<Pack*>(row + col) = val;
+    return;
+  }
+  auto* raw = reinterpret_cast<typename P::raw_t*>(row);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    if (col + e < H) raw[col + e] = P::get(val, e);
+  }
+}
+
+// ----------------------------------------------------------------------------------
+// Row kernels (v5): a row held in registers by G threads with few threads a row and
+// many bytes a thread (kPacks 16-byte packs: 128 bytes of x forward, 64 of x and 64 of
+// grad_y backward), so that an SM keeps ~100 KB of loads in flight with no barrier
+// but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
+// every row that one CTA or a thread-block cluster holds (launch_plan.h's table).
+// - The row's packs are split into warp segments (RowLane): every warp access is 512
+//   contiguous bytes, and the neighbour of a lane's pack is the next lane's.
+// - Blocks of R = threads / G rows; a grid-stride loop, persistent or a block per R rows
+//   (launch_forward_row says which).
+// - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned 16-byte
+//   chunks. Realigned build: a lane's pack is realigned from its chunk and the next one
+//   (a shuffle; past its segment, one more load), and stores go the other way, narrowly
+//   only at the row's ends and where segments meet. Same-phase build (every tensor's rows
+//   start alike): the elementwise part works on the chunks as loaded and only the sums
+//   see realigned packs. Either way the sums, and so the bits, are the aligned row's.
+// ----------------------------------------------------------------------------------
+
+// Where the group's lanes stand: G threads a row, in warp segments of W = min(G, 32)
+// lanes. Segment k owns the row's packs [k S, (k + 1) S), S = W * kPacks, and its lane j
+// owns packs k S + j, k S + j + W, ..., so every warp access is 512 contiguous bytes and
+// the neighbour of a lane's pack is the next lane's (the segment's last lane: lane 0's next
+// pack, or, past its last, the next segment's first).
+struct RowLane {
+  int lane;  // 0..G-1
+  int G;
+  int W;
+  int j;     // lane within its segment, 0..W-1
+  int base;  // the lane's first pack: packs base + i * W, i < kPacks
+  int seg_end;  // first pack past the segment: base of the next segment's lane 0
+};
+
+// A row of C > 1 CTAs (a thread-block cluster, C consecutive blocks): CTA `rank` holds lanes
+// [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
+// load/store code are those of one CTA of C G threads.
+template <int kPacks>
+__device__ __forceinline__ RowLane row_lane(int G, int C) {
+  const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
+  const int lane = rank * G + static_cast<int>(threadIdx.x) % G;
+  const int Gt = G * C;
+  const int W = Gt < 32 ? Gt : 32;
+  const int j = lane % W;
+  const int seg = lane / W;
+  return RowLane{lane, Gt, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
+}
+
+// Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
+// the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
+// their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
+// skip cost more in spills than it saved, bench/NOTES.md v5).
+__device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
+  return rl.base - rl.j + i * rl.W >= packs;
+}
+
+// The 16 bytes that start `shift` bytes into chunk a (and run on into chunk b), for a
+// shift that varies by row: selects, no branch (rows of one warp may differ).
+__device__ __forceinline__ Pack realign_any(const Pack& a, const Pack& b, int shift) {
+  const bool hi2 = (shift & 8) != 0, hi1 = (shift & 4) != 0;
+  const uint32_t v0 = hi2 ? a.z : a.x, v1 = hi2 ? a.w : a.y, v2 = hi2 ? b.x : a.z;
+  const uint32_t v3 = hi2 ? b.y : a.w, v4 = hi2 ? b.z : b.x, v5 = hi2 ? b.w : b.y;
+  const uint32_t w0 = hi1 ? v1 : v0, w1 = hi1 ? v2 : v1, w2 = hi1 ? v3 : v2;
+  const uint32_t w3 = hi1 ? v4 : v3, w4 = hi1 ? v5 : v4;
+  const unsigned bits = (shift & 3) * 8;
+  return make_uint4(__funnelshift_r(w0, w1, bits), __funnelshift_r(w1, w2, bits), __funnelshift_r(w2, w3, bits),
+                    __funnelshift_r(w3, w4, bits));
+}
+
+__device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
+  return make_uint4(__shfl_sync(0xffffffffu, v.x, src, width), __shfl_sync(0xffffffffu, v.y, src, width),
+                    __shfl_sync(0xffffffffu, v.z, src, width), __shfl_sync(0xffffffffu, v.w, src, width));
+}
+
+// Loads a row's packs into registers in two steps, so that the loads of several rows
+// (x and grad_y) are in flight together: issue_row starts them, finish_row realigns.
+// Afterwards buf[i] = pack base + i * W (zero past the row; elements past H inside the
+// last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
+// tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
+// pack's index, and the segment's last lane also the chunk after its segment (`ext`).
+// kMayBeEmpty (the grouped builds, kGrouped): H may be 0, which loads nothing (every pack
+// zero): a grouped row of no expert.
+template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
+__device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
+                                          const RowLane& rl, bool realign_rows) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
+  const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
+  // Chunks covering the row: its packs, or one more when a misaligned row spills over.
+  int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
+                            : static_cast<int>((H + kVec - 1) / kVec);
+  if (kMayBeEmpty && H == 0) chunks = 0;  // not even the chunk where a misaligned row starts
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = rl.base + i * rl.W;
+    buf[i] = p < chunks ? src[p] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  if (realign_rows) {
+    ext = (rl.j == rl.W - 1 && rl.seg_end < chunks) ? src[rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext, const scalar_t* row, int64_t H,
+                                           const RowLane& rl, bool realign_rows, bool mask_tail) {
+  using P = PackOf<scalar_t>;
+  if (realign_rows) {
+    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+    const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+    // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
+    // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+      Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+      if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+      buf[i] = realign_any(buf[i], next, shift);
+    }
+  }
+  // Zero what lies past the row (packs past the end, the tail of a partial last pack),
+  // so that the sums need no per-element test. Without mask_tail the row is whole packs.
+  if (mask_tail) {
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.base + i * rl.W;
+      if (p >= packs) {
+        buf[i] = make_uint4(0u, 0u, 0u, 0u);
+      } else if (p == packs - 1) {
+        const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
+#pragma unroll
+        for (int e = 1; e < P::kVec; ++e) {
+          if (e >= valid) P::set(buf[i], e, typename P::raw_t(0));
+        }
+      }
+    }
+  }
+}
+
+// Writes elements of `v` at byte offsets [lo, hi) of the 16-byte chunk `dst`.
+template <typename scalar_t>
+__device__ __forceinline__ void store_chunk_part(Pack* dst, const Pack& v, int lo, int hi) {
+  using P = PackOf<scalar_t>;
+  using raw_t = typename P::raw_t;
+  raw_t* out = reinterpret_cast<raw_t*>(dst);
+#pragma unroll
+  for (int e = 0; e < P::kVec; ++e) {
+    const int at = e * int(sizeof(raw_t));
+    if (at >= lo && at < hi) out[e] = P::get(v, e);
+  }
+}
+
+// Stores the packs of a row (the inverse of issue_row + finish_row). Without
+// `realign_rows` every row is 16-byte aligned and H is a multiple of the pack width.
+// Otherwise each lane writes the aligned chunk of its pack's index: the tail of the
+// previous pack (the previous lane's; for lane 0, the segment's last lane's previous one)
+// and the head of its own. Only the row's two ends and the chunk where two segments meet
+// are written narrowly (each segment writes its own bytes of it).
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPacks], int64_t H, const RowLane& rl,
+                                          bool realign_rows, bool active) {
+  constexpr int kVec = PackOf<scalar_t>::kVec;
+  const int P = static_cast<int>((H + kVec - 1) / kVec);
+  if (!realign_rows) {
+    if (!active) return;
+    Pack* dst = reinterpret_cast<Pack*>(row);
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      const int p = rl.base + i * rl.W;
+      if (p < P) dst[p] = out[i];
+    }
+    return;
+  }
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
+  const int shift = static_cast<int>(addr & 15);
+  Pack* dst = reinterpret_cast<Pack*>(addr - shift);
+  const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));  // row end, in bytes from dst
+  const int chunks = (end + 15) / 16;
+  const int from = rl.j == 0 ? rl.W - 1 : rl.j - 1;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack offer = (rl.j == rl.W - 1 && i > 0) ? out[i > 0 ? i - 1 : i] : out[i];
+    const Pack prev = shfl_pack(offer, from, rl.W);  // every lane takes part
+    const int p = rl.base + i * rl.W;
+    if (!active || p >= P) continue;
+    // Chunk p: the last `shift` bytes of pack p - 1, then the first 16 - shift of pack p.
+    // The segment's first pack has no pack p - 1 here: its owner writes that tail.
+    const bool first = rl.j == 0 && i == 0;
+    const int lo = (shift != 0 && first) ? shift : 0;
+    const int hi = min(16, end - 16 * p);
+    const Pack chunk = shift == 0 ? out[i] : realign_any(prev, out[i], 16 - shift);
+    if (lo == 0 && hi == 16) {
+      dst[p] = chunk;
+    } else {
+      store_chunk_part<scalar_t>(dst + p, chunk, lo, hi);
+    }
+    const bool seg_last = rl.j == rl.W - 1 && i + 1 == kPacks;
+    if (shift != 0 && (seg_last || p == P - 1) && p + 1 < chunks) {
+      // This pack's tail: the first `shift` bytes of chunk p + 1.
+      store_chunk_part<scalar_t>(dst + p + 1, realign_any(out[i], out[i], 16 - shift), 0,
+                                 min(shift, end - 16 * (p + 1)));
+    }
+  }
+}
+
+// The row kernels' builds by layout (the kLayout template argument).
+enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
+
+// Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
+// as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as
+// loaded, and only the sums see realigned packs, one at a time (realigned_pack), so that
+// their order, and so the bits, are those of the aligned row. The stores then write
+// whole aligned chunks, narrowly only at the row's two ends (store_own_chunk).
+template <int kPacks>
+__device__ __forceinline__ Pack realigned_pack(const Pack (&buf)[kPacks], const Pack& ext, int i, int shift,
+                                               const RowLane& rl) {
+  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+  const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+  Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+  if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+  return realign_any(buf[i], next, shift);
+}
+
+// Pack p with what lies past the row (packs past the end, the tail of a partial last
+// pack) zeroed.
+template <typename scalar_t>
+__device__ __forceinline__ Pack mask_pack(Pack v, int p, int64_t H) {
+  using P = PackOf<scalar_t>;
+  const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+  if (p >= packs) return make_uint4(0u, 0u, 0u, 0u);
+  if (p == packs - 1) {
+    const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
+#pragma unroll
+    for (int e = 1; e < P::kVec; ++e) {
+      if (e >= valid) P::set(v, e, typename P::raw_t(0));
+    }
+  }
+  return v;
+}
+
+// Writes chunk p of a same-phase row: bytes [shift, 16) of the first chunk, [0, end - 16 p)
+// of the last, the whole chunk in between. `dst`: the row's first chunk; `end`: the row's
+// end in bytes from it.
+template <typename scalar_t>
+__device__ __forceinline__ void store_own_chunk(Pack* dst, int p, const Pack& v, int shift, int end) {
+  const int lo = p == 0 ? shift : 0;
+  const int hi = min(16, end - 16 * p);
+  if (lo == 0 && hi == 16) {
+    dst[p] = v;
+  } else {
+    store_chunk_part<scalar_t>(dst + p, v, lo, hi);
+  }
+}
+
+}  // namespace
+}  // namespace polynorm

@@ -1,0 +1,161 @@
+// The CUDA kernels' reductions, each in a fixed order set by the launch geometry alone (so by
+// H and the dtype): over a tiled kernel's row group (group_reduce), a row of one CTA
+// (row_reduce) or of a thread-block cluster (cluster_row_reduce), and the backward's dW/dB
+// block partials, summed by its last block (ParamGrads, finish_param_grads). Lane layout:
+// packs.cuh.
+#pragma once
+
+#include "packs.cuh"
+
+#include <cooperative_groups.h>
+
+namespace polynorm {
+namespace {
+
+// Sums N values over the G threads of each row group; every thread of the group gets
+// the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
+// to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
+// shared memory and every thread adds the warp totals in warp order. The shape of the
+// tree depends only on G. All threads of the block must call it.
+template <int N, typename acc_t>
+__device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
+  const int G = blockDim.x;
+  const int width = G < 32 ? G : 32;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (G > 32) {
+    const int warps = G / 32;
+    const int warp = threadIdx.x / 32;
+    acc_t(*group_smem)[N] = smem + threadIdx.y * warps;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) group_smem[warp][k] = v[k];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_smem[0][k];
+      for (int w = 1; w < warps; ++w) total += group_smem[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+// Sums N values over the G lanes of each row group; every lane gets the total. Inside
+// a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
+// double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
+// adds the warp totals in warp order. The tree depends only on G.
+template <int N, typename acc_t>
+__device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  if (rl.G > 32) {
+    const int warps = rl.G / 32;
+    const int warp = threadIdx.x / 32;
+    if (threadIdx.x % 32 == 0) {
+#pragma unroll
+      for (int k = 0; k < N; ++k) red[warp][k] = v[k];
+    }
+    __syncthreads();
+    acc_t(*group_red)[N] = red + (warp / warps) * warps;
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_red[0][k];
+      for (int w = 1; w < warps; ++w) total += group_red[w][k];
+      v[k] = total;
+    }
+  }
+}
+
+// Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
+// 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
+// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N], written
+// through distributed shared memory by lanes 0..C-1), then one cluster barrier, then every
+// lane adds all C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor
+// tree. The tree depends only on C G. Double-buffered by row parity like row_reduce: a CTA
+// writes a peer's slots of parity p again only after passing the next row's barrier, which
+// the peer reaches only after it has read them.
+template <int N, typename acc_t>
+__device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
+                                                   int C) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+  }
+  const int warps = rl.G / 32;
+  acc_t* buffer = slots + parity * warps * N;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (lane < C) {
+    acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
+#pragma unroll
+    for (int k = 0; k < N; ++k) dst[k] = v[k];
+  }
+  cluster.sync();  // barrier.cluster arrive.release + wait.acquire: every slot written
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    acc_t total = acc_t(0);
+    for (int w = lane; w < warps; w += 32) total += buffer[w * N + k];
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    v[k] = total;
+  }
+#else
+  __trap();  // clusters are launched on sm_90 and later only (plan_for)
+#endif
+}
+
+// Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
+// sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials.
+template <typename acc_t>
+struct ParamGrads {
+  acc_t* partials;          // [gridDim.x, 4] opmath: one block's sums each
+  unsigned int* arrivals;   // blocks done so far; 0 between launches
+  acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
+  acc_t* grad_bias;         // (1,) opmath
+};
+
+// Called by every thread of a block right after its threads have written the block's
+// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32). The
+// last block to arrive sums the partials in block order: warp k sums column k (lane l
+// takes blocks l, l + 32, ...; then a fixed xor tree), so the bits do not depend on which
+// block is last, and there are no atomics on the values: the same bits on every run. This
+// replaces a second kernel launch (the threadFenceReduction pattern of the CUDA samples).
+// atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
+// launches on one stream never overlap, so one counter per stream suffices
+// (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
+template <typename acc_t>
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial is visible to all blocks before it is counted
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();  // cumulative: the partial's stores, ordered before it by the barrier
+    last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial is visible to this one
+  // Warp k sums columns k, k + warps, ... (blocks of 96 threads: warp 0 takes column 3 too).
+  const int lane = tid % 32;
+  for (int col = tid / 32; col < 4; col += threads / 32) {
+    acc_t total = acc_t(0);
+    for (int64_t b = lane; b < gridDim.x; b += 32) total += __ldcg(pg.partials + b * 4 + col);
+    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
+    if (lane == 0) {
+      if (col < 3) {
+        pg.grad_weight[col] = total;
+      } else {
+        pg.grad_bias[0] = total;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace polynorm
