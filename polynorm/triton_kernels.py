@@ -926,7 +926,7 @@ def _launch_eager(kernel, grid: int, args: tuple, num_warps: int, key: tuple) ->
 # The one-launch backward's arrival counters and partials (eager calls only)
 # ----------------------------------------------------------------------------------------
 
-# Arrival counters, as the CUDA backward's (csrc/polynorm_cuda.cuh, arrival_counter): int32
+# Arrival counters, as the CUDA backward's (csrc/cuda/launch.cuh, arrival_counter): int32
 # slots of one zeroed buffer a device, each 0 between launches (the last program resets its
 # own). Two launches must never run on one counter, or on one partials buffer, at the same
 # time:

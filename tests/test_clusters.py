@@ -2,7 +2,7 @@
 
 A row that needs more than ``cta_threads`` threads runs on a cluster of 2-16 CTAs whose
 partial sums meet in distributed shared memory (csrc/launch_plan.h ``row_plan``,
-csrc/polynorm_cuda.cuh ``cluster_row_reduce``). The table sends only long rows there
+csrc/cuda/reduce.cuh ``cluster_row_reduce``). The table sends only long rows there
 (tens of thousands of elements); these tests force clusters onto short rows with
 ``torch.ops.polynorm._tune_rows(cta_threads=32 or 64, max_cluster=...)``, so that every op
 (PolyNorm, the fused PolyNorm x mul, the grouped PolyNorm) and every layout path (aligned,

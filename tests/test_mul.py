@@ -203,10 +203,13 @@ def test_backward_deterministic(device, backend, H):
         torch.set_num_threads(threads)
 
 
-# (H, forced CUDA kernel family): the row build at every row length it serves, the tiled build
-# where the rows are too long for it (40000), and forced at short rows, where a tiled block
-# holds several rows (the row's place in its block must not matter either).
-BATCH_CASES = [(3, "auto"), (1024, "auto"), (5125, "auto"), (16385, "auto"), (40000, "auto"), (3, "tiled"), (769, "tiled")]
+# (H, forced CUDA kernel family): the row build at every row length it serves (40000: a row of
+# a cluster of CTAs on sm_90), the tiled build forced there, and forced at short rows, where a
+# tiled block holds several rows (the row's place in its block must not matter either).
+BATCH_CASES = [
+    (3, "auto"), (1024, "auto"), (5125, "auto"), (16385, "auto"), (40000, "auto"), (40000, "tiled"), (3, "tiled"),
+    (769, "tiled"),
+]
 
 
 @requires_cuda
