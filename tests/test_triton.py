@@ -6,6 +6,8 @@ On a machine without CUDA the Triton kernels run on CPU tensors in Triton's inte
 
 import math
 
+import os
+
 import pytest
 import torch
 
@@ -569,6 +571,8 @@ def test_direct_launch_gives_the_launchers_bits(M, H, layout, dtype, monkeypatch
     # Python launcher skipped) give bitwise what Triton's launcher gives, forward and backward,
     # for aligned, misaligned and strided rows (each its own specialisation); and once a
     # specialisation has been launched, later calls do skip Triton's launcher.
+    if os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH") != "1":
+        pytest.skip("the direct launch is opt-in until verified on a GPU: set POLYNORM_TRITON_DIRECT_LAUNCH=1")
     assert triton_kernels._DIRECT_SUPPORTED, "the direct launch is off on this Triton: see _direct_launch_supported"
     x, g, w, b = _inputs(("direct", layout), M, H, dtype, "cuda", layout)
     monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", False)

@@ -139,25 +139,26 @@ size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
 }
 
 // The launch configuration of a row kernel's grid: clusters of plan.cluster CTAs when > 1.
+// config.attrs points into the object itself, so it is built in place and never copied.
 struct RowLaunch {
   cudaLaunchConfig_t config{};
   cudaLaunchAttribute cluster{};
-};
 
-RowLaunch row_launch(const RowPlan& plan, int64_t grid, size_t smem, cudaStream_t stream) {
-  RowLaunch launch;
-  launch.config.gridDim = dim3(static_cast<unsigned>(grid));
-  launch.config.blockDim = dim3(static_cast<unsigned>(plan.threads));
-  launch.config.dynamicSmemBytes = smem;
-  launch.config.stream = stream;
-  launch.cluster.id = cudaLaunchAttributeClusterDimension;
-  launch.cluster.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-  launch.cluster.val.clusterDim.y = 1;
-  launch.cluster.val.clusterDim.z = 1;
-  launch.config.attrs = &launch.cluster;
-  launch.config.numAttrs = 1;
-  return launch;
-}
+  RowLaunch(const RowPlan& plan, int64_t grid, size_t smem, cudaStream_t stream) {
+    config.gridDim = dim3(static_cast<unsigned>(grid));
+    config.blockDim = dim3(static_cast<unsigned>(plan.threads));
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+  }
+  RowLaunch(const RowLaunch&) = delete;
+  RowLaunch& operator=(const RowLaunch&) = delete;
+};
 
 // Clusters of a row kernel resident on the device at once (cached per device, kernel and
 // geometry); clusters of more than 8 CTAs (not portable) are allowed for the kernel first.
@@ -176,7 +177,7 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   if (plan.cluster > 8) {
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   }
-  const RowLaunch launch = row_launch(plan, plan.cluster, smem, nullptr);
+  const RowLaunch launch(plan, plan.cluster, smem, nullptr);
   int clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
   cache.emplace(key, clusters);
@@ -209,7 +210,7 @@ void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t g
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
-  const RowLaunch launch = row_launch(plan, grid, smem, stream);
+  const RowLaunch launch(plan, grid, smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 
