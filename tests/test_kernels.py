@@ -4,6 +4,7 @@ invariance, huge inputs, CUDA graphs. Each test runs every kernel backend it app
 import pytest
 import torch
 from _matrix import (
+    assert_graph_replay_matches_eager,
     autograd_reference,
     check_against_oracle,
     make_params,
@@ -163,24 +164,8 @@ def test_cuda_graph_capture(dtype):
     x = make_rows(64, 4096, dtype, "cuda", "contiguous", gen)
     g = make_rows(64, 4096, dtype, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):  # warm-up outside the capture
-            y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
-            torch.ops.polynorm.backward(g, x, w, rstd)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
-        dx, dw, db = torch.ops.polynorm.backward(g, x, w, rstd)
-    x.copy_(make_rows(64, 4096, dtype, "cuda", "contiguous", gen))
-    g.copy_(make_rows(64, 4096, dtype, "cuda", "contiguous", gen))
-    graph.replay()
-    y_e, rstd_e = torch.ops.polynorm.forward(x, w, b, 1e-6)
-    dx_e, dw_e, db_e = torch.ops.polynorm.backward(g, x, w, rstd_e)
-    for a, e in ((y, y_e), (rstd, rstd_e), (dx, dx_e), (dw, dw_e), (db, db_e)):
-        assert torch.equal(a, e)
+    fresh = lambda: make_rows(64, 4096, dtype, "cuda", "contiguous", gen)  # noqa: E731
+    assert_graph_replay_matches_eager(x, g, w, b, fresh, fresh)
     check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what="after graph")
 
 
