@@ -43,10 +43,10 @@ Rows as_rows(const at::Tensor& t) {
 
 namespace {
 
-// Numbers and shapes are formatted here (snprintf), never streamed: an extension built
-// with a newer libstdc++ than torch's crashed inside std::ostream's integer insertion
-// (seen with torch 2.11 wheels and GCC 13). Strings and torch's own types stream safely.
-std::string num(int64_t v) { return std::to_string(v); }
+// Numbers and shapes are formatted here (snprintf; num(int64_t): polynorm.h), never streamed:
+// an extension built with a newer libstdc++ than torch's crashed inside std::ostream's integer
+// insertion (seen with torch 2.11 wheels and GCC 13). Strings and torch's own types stream safely.
+using ::polynorm::num;
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
@@ -188,16 +188,18 @@ std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
+std::atomic<bool> g_stage{true};
 
 // Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4 or 8;
 // backward: 2 (aligned rows only) or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
 // at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
 // row (aligned 2-byte rows of 4 packs a thread), the same-phase path of misaligned rows, the
 // most threads of a row in one CTA before the row is split over a thread-block cluster, and
-// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits).
+// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits),
+// and the staged builds (kStage: the next row copied to shared memory while this one runs).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase,
-               int64_t cta_threads, int64_t max_cluster) {
+               int64_t cta_threads, int64_t max_cluster, bool stage) {
   TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8,
                     "polynorm._tune_rows: expected fwd_packs to be 0, 4 or 8, got ", num(fwd_packs));
   TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
@@ -206,7 +208,7 @@ void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool pr
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
                     "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, ",
-                    kRowMaxThreads, "], got ", num(cta_threads));
+                    num(int64_t{kRowMaxThreads}), "], got ", num(cta_threads));
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
@@ -217,6 +219,7 @@ void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool pr
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
+  g_stage.store(stage);
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
@@ -264,7 +267,7 @@ RowTuning row_tuning() {
   return {g_fwd_packs.load(std::memory_order_relaxed), g_bwd_packs.load(std::memory_order_relaxed),
           g_grid_waves.load(std::memory_order_relaxed), g_prefetch.load(std::memory_order_relaxed),
           g_same_phase.load(std::memory_order_relaxed), g_cta_threads.load(std::memory_order_relaxed),
-          g_max_cluster.load(std::memory_order_relaxed)};
+          g_max_cluster.load(std::memory_order_relaxed), g_stage.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -298,7 +301,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True, "
-        "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
+        "int cta_threads=0, int max_cluster=0, bool stage=True) -> ()", &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",
         &polynorm::launch_plan_op);

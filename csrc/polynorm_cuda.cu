@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> poly_norm_backward_cuda(const at:
 // The kernels keep a row's expert in 32 bits (one register): E < 2^31, far beyond any model.
 void check_experts_fit(const char* op, const at::Tensor& weight) {
   TORCH_CHECK(weight.size(0) <= std::numeric_limits<int32_t>::max(), op, ": expected at most ",
-              std::numeric_limits<int32_t>::max(), " experts, got ", weight.size(0));
+              num(std::numeric_limits<int32_t>::max()), " experts, got ", num(weight.size(0)));
 }
 
 std::tuple<at::Tensor, at::Tensor> poly_norm_grouped_forward_cuda(const at::Tensor& x, const at::Tensor& weight,
