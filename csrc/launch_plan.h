@@ -82,7 +82,6 @@ struct RowTuning {
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
-  bool stage;       // aligned PolyNorm rows of CTAs of up to 256 threads: the next row staged in shared memory (kStage)
 };
 RowTuning row_tuning();
 
@@ -113,7 +112,6 @@ struct LaunchPlan {
   int packs;        // row kernels: packs per thread and tensor
   RowPlan row;
   TiledPlan tiled;
-  bool stage;       // row kernels, PolyNorm's aligned rows: the next row staged in shared memory (RowTuning::stage)
 };
 
 // G threads a row, the fewest with G * packs_per_thread >= the row's packs, so the row is
@@ -206,10 +204,6 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
   } else {
     plan.kind = KernelKind::kRow;
   }
-  // Staged rows: PolyNorm's row kernels in CTAs of up to 256 threads, the table's packs
-  // (the launch stages aligned rows only; _tune_rows(stage=False) turns it off).
-  plan.stage = plan.kind == KernelKind::kRow && !mul && row_tuning().stage && plan.row.threads <= 256 &&
-               plan.packs == (backward ? kRowBwdPacks : kRowFwdPacks);
   return plan;
 }
 
@@ -218,7 +212,7 @@ inline std::string describe(const LaunchPlan& p) {
     case KernelKind::kRow:
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
              " packs=" + std::to_string(p.packs) +
-             " cluster=" + std::to_string(p.row.cluster) + (p.stage ? " stage=1" : "");
+             " cluster=" + std::to_string(p.row.cluster);
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

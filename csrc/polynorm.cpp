@@ -43,10 +43,14 @@ Rows as_rows(const at::Tensor& t) {
 
 namespace {
 
-// Numbers and shapes are formatted here (snprintf; num(int64_t): polynorm.h), never streamed:
-// an extension built with a newer libstdc++ than torch's crashed inside std::ostream's integer
-// insertion (seen with torch 2.11 wheels and GCC 13). Strings and torch's own types stream safely.
-using ::polynorm::num;
+// Numbers and shapes are formatted here (to_string, snprintf), never streamed into a
+// std::ostream, the bounds in a message too: integer insertion looks its num_put facet up by
+// a process-wide id (a GNU unique symbol), which a second copy of the C++ runtime in the
+// process can number for its own locale. The stream then fails (the message is cut) or
+// crashes (the H200 suite's worker, torch 2.11: SIGSEGV in _tune_rows' error); strings and
+// torch's own types are not formatted through a facet. Pinned by tests/test_launch_plan.py
+// (test_tune_rows_errors_are_whole_beside_a_second_cpp_runtime).
+using ::polynorm::num;  // num(int64_t), polynorm.h: also for the CUDA launchers' messages
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), "%g", v);
@@ -188,18 +192,16 @@ std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
-std::atomic<bool> g_stage{true};
 
 // Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4 or 8;
 // backward: 2 (aligned rows only) or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
 // at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
 // row (aligned 2-byte rows of 4 packs a thread), the same-phase path of misaligned rows, the
 // most threads of a row in one CTA before the row is split over a thread-block cluster, and
-// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits),
-// and the staged builds (kStage: the next row copied to shared memory while this one runs).
+// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase,
-               int64_t cta_threads, int64_t max_cluster, bool stage) {
+               int64_t cta_threads, int64_t max_cluster) {
   TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8,
                     "polynorm._tune_rows: expected fwd_packs to be 0, 4 or 8, got ", num(fwd_packs));
   TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
@@ -219,7 +221,6 @@ void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool pr
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
-  g_stage.store(stage);
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
@@ -267,7 +268,7 @@ RowTuning row_tuning() {
   return {g_fwd_packs.load(std::memory_order_relaxed), g_bwd_packs.load(std::memory_order_relaxed),
           g_grid_waves.load(std::memory_order_relaxed), g_prefetch.load(std::memory_order_relaxed),
           g_same_phase.load(std::memory_order_relaxed), g_cta_threads.load(std::memory_order_relaxed),
-          g_max_cluster.load(std::memory_order_relaxed), g_stage.load(std::memory_order_relaxed)};
+          g_max_cluster.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -301,7 +302,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True, "
-        "int cta_threads=0, int max_cluster=0, bool stage=True) -> ()", &polynorm::tune_rows);
+        "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",
         &polynorm::launch_plan_op);

@@ -14,10 +14,8 @@
 
 namespace polynorm {
 
-// An integer for an error message. Numbers are formatted with std::to_string (snprintf),
-// never streamed into TORCH_CHECK's message: an extension built with a newer libstdc++ than
-// torch's crashed inside std::ostream's integer insertion (torch 2.11 wheels and GCC 13; an
-// int streamed in `_tune_rows`'s message segfaulted on the H200 image, bench/NOTES.md).
+// An integer for an error message: formatted with std::to_string, never streamed into
+// TORCH_CHECK's message (why: csrc/polynorm.cpp, above its num(double)).
 inline std::string num(int64_t v) { return std::to_string(v); }
 
 // A tensor seen as M rows of H elements: element (row, col) lives at

@@ -231,8 +231,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
 // kPrefetch (aligned PolyNorm builds, bench tuning): the next row's x, grad_y and rstd are
 // loaded while this row is reduced and written, into a second set of registers.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false,
-          bool kStage = false>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, (kPrefetch ? 4 : 2) * kPacks))
     poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
@@ -301,24 +300,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     }
   };
   if constexpr (kPrefetch) load_ahead(cluster_id * R + group);
-  // kStage (aligned PolyNorm builds, as in forward): the next row's x and grad_y are copied
-  // to shared memory, buffers [2][x, grad_y][kPacks][blockDim.x] after the cluster slots, and
-  // its rstd to registers, while this row is reduced and stored.
-  static_assert(!kStage || (kLayout == kAligned && !kMul && !kGrouped && !kPrefetch), "stage: aligned PolyNorm builds only");
-  Pack* stage = reinterpret_cast<Pack*>(cluster_slots + stage_offset(C, G, 4, sizeof(acc_t)));
-  const auto stage_next = [&](int64_t row, int buffer) {
-    if constexpr (kStage) {
-      const int64_t at = row < M ? row : 0;
-      Pack* slots = stage + buffer * 2 * kPacks * blockDim.x;
-      stage_row<scalar_t, kPacks>(slots, x + at * x_row_stride, H, rl);
-      stage_row<scalar_t, kPacks>(slots + kPacks * blockDim.x, grad_y + at * g_row_stride, H, rl);
-      commit_copies();
-      r_ahead[0] = rstd[at * 3 + 0];
-      r_ahead[1] = rstd[at * 3 + 1];
-      r_ahead[2] = rstd[at * 3 + 2];
-    }
-  };
-  if constexpr (kStage) stage_next(cluster_id * R + group, 0);
   int parity = 0;
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
@@ -331,16 +312,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     const scalar_t* g_row = grad_y + r * g_row_stride;
     Pack xb[kPacks];
     Pack gb[kPacks];
-    if constexpr (kStage) {
-      r3 = r_ahead[0];
-      r2 = r_ahead[1];
-      r1 = r_ahead[2];
-      stage_next(row + step, parity ^ 1);  // into the buffer read back one row ago
-      wait_copies<1>();
-      const Pack* slots = stage + parity * 2 * kPacks * blockDim.x;
-      unstage_row<kPacks>(xb, slots);
-      unstage_row<kPacks>(gb, slots + kPacks * blockDim.x);
-    } else if constexpr (kPrefetch) {
+    if constexpr (kPrefetch) {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
         xb[i] = x_ahead[i];
@@ -489,7 +461,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
   }
 
-  if constexpr (kStage) wait_copies<0>();  // the last copies (of a row past M, never read)
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
   // The block's partial: its groups in order (each group's rows already in order).
   if (threadIdx.x % G == 0) {

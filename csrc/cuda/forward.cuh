@@ -169,12 +169,8 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 // of C (R = 1).
 // kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
 // row is reduced and stored, into a second set of registers.
-// kStage (aligned PolyNorm builds): the next row's packs are copied to shared memory while
-// this row is reduced and stored (stage_row; two buffers, the dynamic shared memory after
-// the cluster slots), so that no registers hold them.
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false,
-          bool kStage = false>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
@@ -228,15 +224,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   };
 
   static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
-  static_assert(!kStage || (!kRealign && !kMul && !kGrouped && !kPrefetch), "stage: aligned PolyNorm builds only");
   const int64_t step = clusters * R;
-  // kStage: buffers [2][kPacks][blockDim.x] after the cluster slots (16-byte aligned).
-  Pack* stage = reinterpret_cast<Pack*>(cluster_slots + stage_offset(C, G, 3, sizeof(acc_t)));
-  if constexpr (kStage) {
-    const int64_t row = cluster_id * R + group;
-    stage_row<scalar_t, kPacks>(stage, x + (row < M ? row : 0) * x_row_stride, H, rl);
-    commit_copies();
-  }
   Pack ahead[kPrefetch ? kPacks : 1];
   Pack ext;
   int ahead_expert = 0;  // kPrefetch, grouped: the expert of the row in `ahead`
@@ -255,16 +243,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     if (grouped) expert = kPrefetch ? ahead_expert : expert_of_row(row);
     const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
-    if constexpr (kStage) {
-      // The next row's copies go to the other buffer (read back one row ago), then this
-      // row's are waited for.
-      const int64_t next = row + step;
-      stage_row<scalar_t, kPacks>(stage + (parity ^ 1) * kPacks * blockDim.x, x + (next < M ? next : 0) * x_row_stride,
-                                  H, rl);
-      commit_copies();
-      wait_copies<1>();
-      unstage_row<kPacks>(buf, stage + parity * kPacks * blockDim.x);
-    } else if constexpr (kPrefetch) {
+    if constexpr (kPrefetch) {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
       const int64_t next = row + step;
@@ -364,7 +343,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     }
     store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
   }
-  if constexpr (kStage) wait_copies<0>();  // the last copies (of a row past M, never read)
 }
 
 }  // namespace

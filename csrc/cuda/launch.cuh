@@ -135,28 +135,7 @@ bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int
 
 // Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums].
 size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
-  return stage_offset(plan.cluster, plan.G, sums, acc_size);
-}
-
-// Staged rows (kStage, LaunchPlan::stage): aligned PolyNorm rows; their dynamic shared
-// memory: the cluster slots, then two buffers of `tensors` x kPacks packs a thread.
-inline size_t stage_bytes(const RowPlan& plan, int tensors, int packs) {
-  return 2 * size_t(tensors) * size_t(packs) * sizeof(Pack) * size_t(plan.threads);
-}
-
-// Allows a kernel more than 48 KB of dynamic shared memory (once per device and kernel).
-template <typename Kernel>
-void allow_smem(Kernel kernel, size_t smem) {
-  if (smem <= 48 * 1024) return;
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  static std::mutex mutex;
-  static std::map<std::pair<int, const void*>, size_t> allowed;
-  const std::lock_guard<std::mutex> lock(mutex);
-  size_t& done = allowed[{device, reinterpret_cast<const void*>(kernel)}];
-  if (done >= smem) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  done = smem;
+  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
 }
 
 // The launch configuration of a row kernel's grid: clusters of plan.cluster CTAs when > 1.
@@ -220,7 +199,7 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int
     return std::max<int64_t>(1, clusters) * plan.cluster;
   }
   if (waves == 0) return std::max<int64_t>(1, row_blocks);
-  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, smem)));
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
 }
 
 // Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
@@ -228,7 +207,7 @@ template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
                        cudaStream_t stream, Args&&... args) {
   if (plan.cluster == 1) {
-    kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream>>>(std::forward<Args>(args)...);
+    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -281,18 +260,9 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   // rows otherwise (tune_rows: 2-5% faster for short rows, 6-9% for realigned and long rows
   // of one CTA, bench/NOTES.md v5; clusters: mul_forward at H = 32768-131072 10-15% faster
   // persistent, v6 call 3).
-  size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
-  bool stage = false;
-  if constexpr (!kMul && kPacks == kRowFwdPacks) {
-    stage = lp.stage && !prefetch && layout == kAligned && !grouped;
-    if (stage) {
-      kernel = poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, true>;
-      smem += stage_bytes(row, 1, kPacks);
-      allow_smem(kernel, smem);
-    }
-  }
-  const bool persistent = (layout == kAligned && row.G >= 128 && row.G < 512) || row.cluster > 1 || stage;
+  const bool persistent = (layout == kAligned && row.G >= 128 && row.G < 512) || row.cluster > 1;
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
+  const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, same_phase, rstd,
                     weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
@@ -346,14 +316,7 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
       if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
     }
   }
-  size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
-  if constexpr (!kMul && kPacks == kRowBwdPacks) {
-    if (lp.stage && layout == kAligned && !grouped) {
-      kernel = poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, true>;
-      smem += stage_bytes(row, 2, kPacks);
-      allow_smem(kernel, smem);
-    }
-  }
+  const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   const int waves = row_tuning().grid_waves;  // bench tuning; the table: persistent
   const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {

@@ -367,43 +367,6 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
 }
 
-// Staged rows (kStage, aligned builds): a thread copies the packs of the next row it will
-// hold into its own slots of shared memory (cp.async, 16 bytes a pack; zero-filled past the
-// row), while the current row is reduced and stored; it reads back only its own slots, so
-// no barrier is needed, only the wait for its own copies. Slot [b][i][t]: buffer b, pack i
-// of thread t (a warp's 16-byte slots are contiguous: no bank conflicts).
-__device__ __forceinline__ void copy_pack_async(Pack* dst, const Pack* src, bool in_row) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(in_row ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void commit_copies() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
-template <int kPending>
-__device__ __forceinline__ void wait_copies() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// Issues the copies of a row's packs (an aligned row, H a multiple of the pack width) to the
-// slots `stage` + i * blockDim.x + threadIdx.x, as one group.
-template <typename scalar_t, int kPacks>
-__device__ __forceinline__ void stage_row(Pack* stage, const scalar_t* row, int64_t H, const RowLane& rl) {
-  const Pack* src = reinterpret_cast<const Pack*>(row);
-  const int packs = static_cast<int>(H / PackOf<scalar_t>::kVec);
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) {
-    const int p = rl.base + i * rl.W;
-    copy_pack_async(stage + i * blockDim.x + threadIdx.x, p < packs ? src + p : src, p < packs);
-  }
-}
-
-// Reads back a thread's staged packs.
-template <int kPacks>
-__device__ __forceinline__ void unstage_row(Pack (&buf)[kPacks], const Pack* stage) {
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) buf[i] = stage[i * blockDim.x + threadIdx.x];
-}
-
 // The row kernels' builds by layout (the kLayout template argument).
 enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
 

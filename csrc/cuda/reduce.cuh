@@ -12,13 +12,6 @@
 namespace polynorm {
 namespace {
 
-// Bytes of a row kernel's cluster slots ([2][C G / 32][sums] opmath values; none for C = 1),
-// rounded up to 16: where the staged rows' buffers (kStage) begin in dynamic shared memory.
-__host__ __device__ inline size_t stage_offset(int C, int G, int sums, size_t acc_size) {
-  const size_t slots = C > 1 ? 2 * size_t(C) * size_t(G / 32) * size_t(sums) * acc_size : 0;
-  return (slots + 15) / 16 * 16;
-}
-
 // Sums N values over the G threads of each row group; every thread of the group gets
 // the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
 // to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
