@@ -848,11 +848,11 @@ def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
 # same call in Triton 3.6 and 3.8). Off: under the interpreter, when the kernels or the
 # compiled kernel lack what the call needs (feature-detected), after any TypeError from that
 # call (a launcher of another signature: nothing was launched), and with _DIRECT_LAUNCH False.
-# Opt-in (POLYNORM_TRITON_DIRECT_LAUNCH=1) until it has run on a GPU: the H200 session that
-# first ran it (bench/results/h200-2026-11-30d/call6) saw a pytest worker die of a segfault
-# whose cause was not found, and a launcher handed arguments of the wrong types could write
-# memory it does not own (bench/NOTES.md, v6).
-_DIRECT_LAUNCH = os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH") == "1"
+# On by default; POLYNORM_TRITON_DIRECT_LAUNCH=0 turns it off. It was opt-in for one session,
+# after a pytest worker's segfault on the H200 that turned out to be a C++ error message's
+# (bench/NOTES.md, v7); the Triton GPU tests pass with it on
+# (bench/results/h200-2026-12-01/call5/tests_direct.log).
+_DIRECT_LAUNCH = os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH", "1") != "0"
 _COMPILED: dict[tuple, object] = {}  # key -> CompiledKernel
 _INT32_MAX = 2**31 - 1
 # The parameters, in order, that the eager callers pass positionally (Triton hands the

@@ -6,9 +6,6 @@ On a machine without CUDA the Triton kernels run on CPU tensors in Triton's inte
 
 import math
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -565,22 +562,6 @@ class _CountingRun:
 
 
 @requires_cuda
-def test_direct_launch_in_a_child_process():
-    # The direct launch is opt-in (POLYNORM_TRITON_DIRECT_LAUNCH=1) until it is trusted: its
-    # tests run with it on in a child pytest, so that a launcher handed arguments it does not
-    # expect cannot take this process's memory with it. Every case must pass there.
-    env = {**os.environ, "POLYNORM_TRITON_DIRECT_LAUNCH": "1"}
-    here = Path(__file__).resolve()
-    child = subprocess.run(
-        [sys.executable, "-m", "pytest", str(here), "-q", "-p", "no:cacheprovider", "-p", "no:xdist",
-         "-k", "direct_launch_gives_the_launchers_bits"],
-        cwd=here.parent.parent, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else ""
-    assert child.returncode == 0 and "27 passed" in summary, child.stdout[-4000:] + child.stderr[-2000:]
-
-
-@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64], ids=str)
 @pytest.mark.parametrize("layout", ["contiguous", "misaligned", "sliced"])
 @pytest.mark.parametrize("M,H", [(2048, 1024), (67, 4097), (5, 16385)])
@@ -589,8 +570,8 @@ def test_direct_launch_gives_the_launchers_bits(M, H, layout, dtype, monkeypatch
     # Python launcher skipped) give bitwise what Triton's launcher gives, forward and backward,
     # for aligned, misaligned and strided rows (each its own specialisation); and once a
     # specialisation has been launched, later calls do skip Triton's launcher.
-    if os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH") != "1":
-        pytest.skip("the direct launch is opt-in: test_direct_launch_in_a_child_process runs this with it on")
+    if os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH") == "0":
+        pytest.skip("the direct launch is turned off here (POLYNORM_TRITON_DIRECT_LAUNCH=0)")
     assert triton_kernels._DIRECT_SUPPORTED, "the direct launch is off on this Triton: see _direct_launch_supported"
     x, g, w, b = _inputs(("direct", layout), M, H, dtype, "cuda", layout)
     monkeypatch.setattr(triton_kernels, "_DIRECT_LAUNCH", False)
