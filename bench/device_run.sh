@@ -13,6 +13,7 @@
 #   suite    the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
 #   dist     the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
 #   bench    bench/bench.py --quick (JSON, PNGs, summary), ~1 min
+#   sweep    bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
 #   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
 #   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
 #   variants    bench/variants_timing.py: both CUDA kernel families (row, tiled) forced at each H, ~30 s
@@ -80,6 +81,10 @@ for stage in "${stages[@]}"; do
     bench)
       timeout 150 python3 bench/bench.py --quick --out "$OUT/bench" > "$OUT/bench.log" 2>&1; echo "bench rc=$?"
       tar czf "$OUT/bench.tgz" -C "$OUT" bench && rm -rf "$OUT/bench" ;;
+    sweep)
+      # The full side-by-side sweep (every provider, Liger when .whl/ holds it), alone on the GPU.
+      timeout 280 python3 bench/bench.py --warmup 15 --rep 50 --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
+      echo "sweep rc=$?"; tar czf "$OUT/sweep.tgz" -C "$OUT" sweep && rm -rf "$OUT/sweep" ;;
     mul_timing)
       timeout 110 python3 bench/ops_timing.py --op poly_norm_mul 2>&1 | tee "$OUT/ops_timing_mul.log" ;;
     mul_bench)
