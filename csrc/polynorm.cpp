@@ -48,8 +48,8 @@ namespace {
 // a process-wide id (a GNU unique symbol), which a second copy of the C++ runtime in the
 // process can number for its own locale. The stream then fails (the message is cut) or
 // crashes (the H200 suite's worker, torch 2.11: SIGSEGV in _tune_rows' error); strings and
-// torch's own types are not formatted through a facet. Pinned by tests/test_launch_plan.py
-// (test_tune_rows_errors_are_whole_beside_a_second_cpp_runtime).
+// torch's own types are not formatted through a facet. _tune_rows' messages are pinned whole
+// by tests/test_launch_plan.py (TUNE_ROWS_ERRORS).
 using ::polynorm::num;  // num(int64_t), polynorm.h: also for the CUDA launchers' messages
 std::string num(double v) {
   char buf[32];
