@@ -7,6 +7,9 @@ CUDA build and nvcc is found; no GPU is needed for that. Environment variables:
 - ``TORCH_CUDA_ARCH_LIST``: GPU architectures to compile for (default ``8.0;9.0``).
 - ``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension).
 - ``CUDA_HOME``: the CUDA toolkit (default ``/usr/local/cuda`` when that exists).
+- ``POLYNORM_NVCC_FLAGS``: extra nvcc flags, space-separated, for measurements only (e.g.
+  ``-DPOLYNORM_ROW_MIN_BLOCKS=4``, bench/NOTES.md); ``POLYNORM_PTXAS_VERBOSE=1``: ptxas's
+  register and spill report.
 """
 
 import os
@@ -63,6 +66,7 @@ def extensions():
         nvcc_flags = ["-O3", "-lineinfo"]
         if os.environ.get("POLYNORM_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
+        nvcc_flags += os.environ.get("POLYNORM_NVCC_FLAGS", "").split()
         return [
             cpp_extension.CUDAExtension(
                 "polynorm._C",

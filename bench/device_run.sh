@@ -9,7 +9,7 @@
 #   smoke    the smoke subset (pytest -m smoke): every backend, dtype and layout once
 #   profile  bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
 #   ncu      an Nsight Compute profile of the row kernels at H = 5125, ~1 min
-#   ncu_rows the row kernels at H = 8192 and 65536: warp states and source counters (.ncu-rep), ~2 min
+#   ncu_rows the row kernels at H = 2048 and 8192 (NCU_H): warp states, stall reasons and SASS lines as text, ~2 min
 #   train    the main job, python3 -m polynorm (default GPU preset), ~5 min
 #   suite    the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
 #   dist     the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
@@ -56,12 +56,17 @@ for stage in "${stages[@]}"; do
       timeout 60 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
         -k regex:row_kernel -c 2 python3 bench/profile_rows.py 5125 > "$OUT/ncu_5125.txt" 2>&1; echo "ncu rc=$?" ;;
     ncu_rows)
-      # Where the aligned row kernels' issue slots go (issue 13's next step, bench/NOTES.md v7):
-      # the backward at H = 8192 and the forward at 65536 (clusters), warp states and source counters.
-      for H in 8192 65536; do
-        timeout 120 ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats \
-          --section SourceCounters --import-source yes -k regex:row_kernel -c 2 -o "$OUT/ncu_rows_$H" \
-          python3 bench/profile_rows.py $H > "$OUT/ncu_rows_$H.txt" 2>&1; echo "ncu H=$H rc=$?"
+      # Where the aligned row kernels' issue slots go (issue 13): warp states, stall reasons and the
+      # SASS lines that stall, as text (the .ncu-rep files need Nsight Compute to read), at each H of
+      # NCU_H (default 2048 8192: a short and a mid row).
+      for H in ${NCU_H:-2048 8192}; do
+        rep="$OUT/ncu_rows_$H"
+        timeout 150 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+          --section WarpStateStats --section SourceCounters --section LaunchStats --import-source yes \
+          -k regex:row_kernel -c 2 -f -o "$rep" python3 bench/profile_rows.py $H > "$rep.log" 2>&1; echo "ncu H=$H rc=$?"
+        ncu --import "$rep.ncu-rep" --page details --print-details all > "$rep.txt" 2>&1
+        ncu --import "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
+        ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1; echo "sass rc=$?"
       done
       tar czf "$OUT/ncu_rows.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_rows_*) && rm -f "$OUT"/ncu_rows_* ;;
     train)

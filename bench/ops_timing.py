@@ -37,7 +37,7 @@ def bench(fn) -> float:
     return do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
-def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor) -> str:
+def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor, triton: bool = True) -> str:
     x = torch.randn(M, H, device="cuda", dtype=dtype)
     g = torch.randn_like(x)
     out, out2 = torch.empty_like(x), torch.empty_like(x)
@@ -47,7 +47,7 @@ def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Te
     _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
     t_b = bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd))
     tf = tb = float("nan")
-    if hasattr(torch.ops.polynorm, "forward_triton"):
+    if triton and hasattr(torch.ops.polynorm, "forward_triton"):
         tf = bench(lambda: torch.ops.polynorm.forward_triton(x, weight, bias, 1e-6))
         tb = bench(lambda: torch.ops.polynorm.backward_triton(g, x, weight, rstd))
     return (
@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument("--op", choices=("poly_norm", "poly_norm_mul"), default="poly_norm")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--no-seed-shapes", action="store_true", help="only the M*H = 2^26 shapes")
+    parser.add_argument("--no-triton", action="store_true", help="the CUDA ops only (the Triton columns show nan)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     shapes = [s for s in SHAPES if not (args.no_seed_shapes and s[0] == 2048)]
@@ -99,7 +100,7 @@ def main() -> None:
     if args.op == "poly_norm":
         print(f"{'M':>7} {'H':>6} {'copy':>7} {'fwd/x':>6} {'trfwd/x':>7} {'add':>7} {'bwd/x':>6} {'trbwd/x':>7}")
         for M, H in shapes:
-            print(row(M, H, dtype, weight, bias), flush=True)
+            print(row(M, H, dtype, weight, bias, triton=not args.no_triton), flush=True)
     else:
         head = f"{'add':>7} {'mfwd/x':>6} {'trmfwd/x':>8} {'add+copy':>8} {'mbwd/x':>6} {'trmbwd/x':>8}"
         print(f"{'M':>7} {'H':>6} {head}")

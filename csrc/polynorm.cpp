@@ -193,8 +193,8 @@ std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
 
-// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4 or 8;
-// backward: 2 (aligned rows only) or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
+// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4, 8 or 16 (aligned
+// rows of at most 256 threads a CTA only); backward: 2 or 8 (aligned rows only) or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
 // at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
 // row (aligned 2-byte rows of 4 packs a thread), the same-phase path of misaligned rows, the
 // most threads of a row in one CTA before the row is split over a thread-block cluster, and
@@ -202,10 +202,10 @@ std::atomic<int> g_max_cluster{0};
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase,
                int64_t cta_threads, int64_t max_cluster) {
-  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8,
-                    "polynorm._tune_rows: expected fwd_packs to be 0, 4 or 8, got ", num(fwd_packs));
-  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4,
-                    "polynorm._tune_rows: expected bwd_packs to be 0, 2 or 4, got ", num(bwd_packs));
+  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8 || fwd_packs == 16,
+                    "polynorm._tune_rows: expected fwd_packs to be 0, 4, 8 or 16, got ", num(fwd_packs));
+  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4 || bwd_packs == 8,
+                    "polynorm._tune_rows: expected bwd_packs to be 0, 2, 4 or 8, got ", num(bwd_packs));
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),

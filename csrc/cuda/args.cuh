@@ -78,9 +78,10 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 
 // Blocks of a <= 256-thread build that must fit an SM at once: 3 (80 registers a thread)
 // for rows of 8 or more packs a thread in registers; 4 (64 registers) for fewer, which
-// need fewer registers, so that more rows are in flight.
+// need fewer registers, so that more rows are in flight; 2 (128 registers) for the wide
+// bench builds of 16 packs held (forward 16 packs of x, backward 8 each of x and grad_y).
 constexpr int row_min_blocks(int max_threads, bool mul, int packs_held) {
-  return max_threads != 256 ? 1 : (mul || packs_held >= 8) ? POLYNORM_ROW_MIN_BLOCKS : 4;
+  return max_threads != 256 ? 1 : packs_held >= 16 ? 2 : (mul || packs_held >= 8) ? POLYNORM_ROW_MIN_BLOCKS : 4;
 }
 
 }  // namespace

@@ -242,9 +242,16 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
-  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
-  if constexpr (!kMul) {
-    if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+  auto kernel = poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
+  if constexpr (kPacks == 16) {
+    // Bench tuning only (_tune_rows(fwd_packs=16)): 16 packs of x a thread, 128 registers.
+    TORCH_CHECK(layout == kAligned && !grouped && row.threads <= 256,
+                "polynorm._tune_rows: fwd_packs=16 is built for aligned PolyNorm rows of at most 256 threads a CTA only");
+  } else {
+    kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
+    if constexpr (!kMul) {
+      if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
+    }
   }
   bool prefetch = false;
   if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
@@ -300,7 +307,11 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   auto kernel = poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
-  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks == 2) {
+  if constexpr (kPacks == 8) {
+    // Bench tuning only (_tune_rows(bwd_packs=8)): 8 packs each of x and grad_y a thread, 128 registers.
+    TORCH_CHECK(layout == kAligned && !grouped && row.threads <= 256,
+                "polynorm._tune_rows: bwd_packs=8 is built for aligned PolyNorm rows of at most 256 threads a CTA only");
+  } else if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks == 2) {
     // Bench tuning only (_tune_rows(bwd_packs=2)): 2 packs of x and grad_y a thread, aligned
     // PolyNorm rows, with or without the next row's loads in flight (prefetch).
     TORCH_CHECK(layout == kAligned && !grouped,
@@ -434,6 +445,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
+        if (lp.packs == 16) return launch(std::integral_constant<int, 16>{});  // bench tuning
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       return launch(std::integral_constant<int, kPacks>{});
@@ -506,6 +518,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});  // bench tuning
+        if (lp.packs == 8) return launch(std::integral_constant<int, 8>{});  // bench tuning
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
