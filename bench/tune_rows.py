@@ -26,8 +26,9 @@ from polynorm.reference import poly_norm as reference
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
 # (packs, grid waves, prefetch); 16 packs forward and 8 backward: the wide bench builds (aligned
 # rows of at most 256 threads a CTA; "n/a" elsewhere).
-FWD = [(8, 1, False), (8, 0, False), (4, 1, False), (4, 1, True), (16, 0, False), (16, 1, False)]
-BWD = [4, 8]
+# (packs, grid waves) backward: -1 the table's grid (persistent), 0 a block per R rows.
+FWD = [(0, -1, True), (8, 1, False), (8, 0, False), (4, 1, False), (16, 0, False), (16, 1, False)]
+BWD = [(0, -1), (4, 0), (8, -1), (8, 0), (8, 2)]
 
 
 def bench(fn) -> float:
@@ -44,7 +45,7 @@ def worst_error(y: torch.Tensor, x: torch.Tensor, weight, bias) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--H", type=int, nargs="*", default=list(DEFAULT_H))
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--aligned-only", action="store_true", help="skip the view that starts one element in")
@@ -53,10 +54,11 @@ def main() -> None:
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
-    fwd_cols = [f"f{p}w{w}" + ("p" if pre else "") for p, w, pre in FWD]
-    bwd_cols = [f"b{p}" for p in BWD] + ["f-sp0", "b-sp0"]
+    fwd_cols = [f"f{p}w{w}" + ("p" if pre and p == 4 else "") for p, w, pre in FWD]
+    bwd_cols = [f"b{p}w{w}" for p, w in BWD] + ["f-sp0", "b-sp0"]
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, M*H = {args.elements}; "
-          "forward / copy (f<packs>w<grid waves>) and backward / add (b<packs>), same run, medians of do_bench; "
+          "forward / copy (f<packs>w<grid waves>) and backward / add (b<packs>w<grid waves>; 0 packs, -1 waves: "
+          "the table's), same run, medians of do_bench; "
           "err: worst error of any variant over the half-ulp floor")
     print("| H | layout | copy us | add us | " + " | ".join(fwd_cols + bwd_cols) + " | err |")
     print("|" + "---|" * (5 + len(fwd_cols) + len(bwd_cols)))
@@ -85,8 +87,8 @@ def main() -> None:
                 torch.ops.polynorm._tune_rows()
                 _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
                 ref_dx = None
-                for packs in BWD:
-                    torch.ops.polynorm._tune_rows(0, packs)
+                for packs, waves in BWD:
+                    torch.ops.polynorm._tune_rows(0, packs, waves)
                     try:
                         dx, dw, db = torch.ops.polynorm.backward(g, x, weight, rstd)
                     except RuntimeError:  # as above

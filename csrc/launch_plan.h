@@ -43,6 +43,7 @@
 // (RowLayout: realigned, or same-phase when every tensor's rows start alike).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -125,7 +126,7 @@ struct LaunchPlan {
 // distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
 // max_cluster CTAs of cta_threads.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
-                        int cta_threads = kRowMaxThreads, int max_cluster = 1) {
+                        int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads) {
   const int64_t packs = (H * elem_size + 15) / 16;
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
@@ -138,7 +139,7 @@ inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int spli
     if (per_cta > cta_threads) return {false, 0, 0, 0};
     return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
   }
-  if (G > kRowMaxThreads) return {false, 0, 0, 0};
+  if (G > max_threads) return {false, 0, 0, 0};
   const int64_t rows = G < kRowMinThreads && kRowMinThreads % G == 0 ? kRowMinThreads / G : 1;
   return {true, static_cast<int>(G), static_cast<int>(rows * G), 1};
 }
@@ -161,8 +162,18 @@ inline int row_max_cluster(bool clusters) {
   return t.max_cluster > 0 ? t.max_cluster : kRowMaxCluster;
 }
 
+// The wide builds: 16 packs held a thread (forward 16 of x; backward 8 each of x and grad_y), at
+// 128 registers, built for CTAs of at most kRowWideThreads threads.
+constexpr int kRowWideThreads = 256;
+inline bool wide_packs(bool backward, int packs_per_thread) { return (backward ? 2 : 1) * packs_per_thread >= 16; }
+
 // The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap.
 inline RowPlan row_plan_for(bool backward, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
+  if (wide_packs(backward, packs_per_thread)) {
+    const int cap = kRowWideThreads;
+    return row_plan(H, elem_size, packs_per_thread, std::min(row_split_threads(backward), cap),
+                    std::min(row_cta_threads(), cap), row_max_cluster(clusters), cap);
+  }
   return row_plan(H, elem_size, packs_per_thread, row_split_threads(backward), row_cta_threads(),
                   row_max_cluster(clusters));
 }
@@ -174,6 +185,7 @@ inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   const RowTuning t = row_tuning();
   const int tuned = backward ? t.bwd_packs : t.fwd_packs;
   if (elem_size == 2 && tuned > 0) return tuned;
+  if (elem_size == 4 && (tuned == 16 || tuned == 8)) return tuned;  // fp32: the wide builds only
   // 8 packs a thread forward (4 for the backward's two tensors): 4 packs forward measured
   // 1-4% slower than 8 at H = 4096 once 8 packs stopped spilling (bench/NOTES.md, v5).
   return backward ? kRowBwdPacks : kRowFwdPacks;

@@ -445,6 +445,8 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
+      }
+      if constexpr (!kMul && sizeof(scalar_t) <= 4) {
         if (lp.packs == 16) return launch(std::integral_constant<int, 16>{});  // bench tuning
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
@@ -518,6 +520,8 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
       };
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});  // bench tuning
+      }
+      if constexpr (!kMul && sizeof(scalar_t) <= 4) {
         if (lp.packs == 8) return launch(std::integral_constant<int, 8>{});  // bench tuning
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);

@@ -121,17 +121,21 @@ struct ParamGrads {
 };
 
 // Called by every thread of a block right after its threads have written the block's
-// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32). The
-// last block to arrive sums the partials in block order: warp k sums column k (lane l
-// takes blocks l, l + 32, ...; then a fixed xor tree), so the bits do not depend on which
-// block is last, and there are no atomics on the values: the same bits on every run. This
-// replaces a second kernel launch (the threadFenceReduction pattern of the CUDA samples).
+// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32, at most
+// 1024). The last block to arrive sums the partials in a fixed order: thread t adds blocks
+// t, t + threads, ... (all four columns, one 16-byte load a block for fp32), then each warp's
+// xor tree, then the warps in order; so the bits depend only on the grid and block sizes,
+// not on which block is last, and there are no atomics on the values: the same bits on
+// every run. Every thread loads, so a grid of many blocks (a block per row) is summed in a
+// few round trips. This replaces a second kernel launch (the threadFenceReduction pattern
+// of the CUDA samples).
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
 template <typename acc_t>
 __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
   __shared__ bool last;
+  __shared__ acc_t warp_sums[32][4];
   __threadfence();  // this block's partial is visible to all blocks before it is counted
   __syncthreads();
   if (tid == 0) {
@@ -141,18 +145,33 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
   __syncthreads();
   if (!last) return;
   __threadfence();  // every other block's partial is visible to this one
-  // Warp k sums columns k, k + warps, ... (blocks of 96 threads: warp 0 takes column 3 too).
-  const int lane = tid % 32;
-  for (int col = tid / 32; col < 4; col += threads / 32) {
-    acc_t total = acc_t(0);
-    for (int64_t b = lane; b < gridDim.x; b += 32) total += __ldcg(pg.partials + b * 4 + col);
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    if (lane == 0) {
-      if (col < 3) {
-        pg.grad_weight[col] = total;
-      } else {
-        pg.grad_bias[0] = total;
-      }
+  acc_t t[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+#pragma unroll 4
+  for (int64_t b = tid; b < gridDim.x; b += threads) {
+    if constexpr (sizeof(acc_t) == 4) {
+      const float4 p = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
+      t[0] += p.x, t[1] += p.y, t[2] += p.z, t[3] += p.w;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) t[k] += __ldcg(pg.partials + b * 4 + k);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    for (int off = 16; off > 0; off /= 2) t[k] += __shfl_xor_sync(0xffffffffu, t[k], off);
+  }
+  if (tid % 32 == 0) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) warp_sums[tid / 32][k] = t[k];
+  }
+  __syncthreads();
+  if (tid < 4) {
+    acc_t total = warp_sums[0][tid];
+    for (int w = 1; w < threads / 32; ++w) total += warp_sums[w][tid];
+    if (tid < 3) {
+      pg.grad_weight[tid] = total;
+    } else {
+      pg.grad_bias[0] = total;
     }
   }
 }
