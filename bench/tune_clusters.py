@@ -27,9 +27,8 @@ from polynorm.reference import poly_norm as reference
 DEFAULT_H = (4096, 8192, 16384, 32768, 40000, 65536, 98304, 131072, 262144, 5125, 16385, 65537)
 # Column name: _tune_rows settings. "table": the launch table's own choice; c<T>x<C>: rows of
 # more than T threads split over clusters of up to C CTAs of at most T threads (c1024x1: no
-# clusters); p4: 4 packs a thread forward with the next row's loads issued before this row's
-# reduction (prefetch), w1: a persistent grid (forward and backward), w0: a block (cluster)
-# per row.
+# clusters; PolyNorm's wide builds cap T at 256); w1: a persistent grid (forward and backward),
+# w0: a block (cluster) per row.
 VARIANTS = {
     "table": {},
     "c1024x1": dict(cta_threads=1024, max_cluster=1),
@@ -70,7 +69,7 @@ def main() -> None:
     parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="columns, by name (see VARIANTS), "
-                        "or extra ones as name=key:value,key:value (e.g. p4c512=fwd_packs:4,grid_waves:1,cta_threads:512)")
+                        "or extra ones as name=key:value,key:value (e.g. mp8c512=mul_fwd_packs:8,grid_waves:1,cta_threads:512)")
     args = parser.parse_args()
     variants = {}
     for name in args.variants:

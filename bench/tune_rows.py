@@ -1,18 +1,20 @@
-"""The row kernels' tunings side by side, kernel-only, on a CUDA device (issue 13).
+"""The row kernels' tunings side by side, kernel-only, on a CUDA device (issues 13 and 15).
 
-``torch.ops.polynorm._tune_rows(fwd_packs, bwd_packs, grid_waves, prefetch, same_phase)`` picks
-the packs a thread of PolyNorm's 2-byte row kernels (forward 4, 8 or 16; backward 4 or 8: the
-wide builds of 128 registers, for aligned rows of at most 256 threads a CTA), the
-forward's grid (1: persistent, as many blocks as fit once; 0: a block per R rows), the
-forward's prefetch of the next row (``p``), and whether odd-H rows take the same-phase path
-(``sp0``: without it, default packs). This script
-times ``torch.ops.polynorm.forward``/``backward`` under each at M·H = 2^26 (bf16 by default) as
-ratios to a same-size copy (forward) and add (backward) timed in the same run (medians of
-``triton.testing.do_bench``), on aligned rows, on odd H, and on a view that starts one element
-into its buffer (``mis``: every row misaligned). Each variant's output is also checked against
-the float64 oracle on its first rows (``err``: the largest error over the bf16 rounding floor).
+``torch.ops.polynorm._tune_rows(mul_fwd_packs, mul_bwd_packs, grid_waves, same_phase, ...)`` sets
+the grid of every row launch (``w1``: persistent, as many blocks as fit once; ``w0``: a block per
+R rows; ``w2``: at most two blocks per resident slot; the table's by default), whether odd-H
+rows take the same-phase path (``sp0``: without it), and the packs a thread of the fused
+PolyNorm x mul's builds (forward 4 or 8, backward 2 or 4: ``mp<packs>``). This script times
+``torch.ops.polynorm.forward``/``backward`` (``--op poly_norm``) or ``mul_forward``/``mul_backward``
+(``--op poly_norm_mul``) under each at M·H = 2^26 (bf16 by default) as ratios to floors timed
+in the same run (medians of ``triton.testing.do_bench``): PolyNorm's forward over a copy and
+backward over an add of the same bytes; the fused forward over an add (read two, write one)
+and backward over an add plus a copy (read three, write two). Rows: aligned, odd H, and a view
+that starts one element into its buffer (``mis``, unless ``--aligned-only``). Each variant's
+output is checked against the float64 oracle on its first rows (``err``: the largest error
+over the output dtype's rounding floor), and every variant's backward against the table's.
 
-    python3 bench/tune_rows.py [--dtype bfloat16] [--H 512 4096 ...]
+    python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...]
 """
 
 import argparse
@@ -24,44 +26,49 @@ import polynorm  # noqa: F401  (registers torch.ops.polynorm.*)
 from polynorm.reference import poly_norm as reference
 
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
-# (packs, grid waves, prefetch); 16 packs forward and 8 backward: the wide bench builds (aligned
-# rows of at most 256 threads a CTA; "n/a" elsewhere).
-# (packs, grid waves) backward: -1 the table's grid (persistent), 0 a block per R rows.
-FWD = [(0, -1, True), (8, 1, False), (8, 0, False), (4, 1, False), (16, 0, False), (16, 1, False)]
-BWD = [(0, -1), (4, 0), (8, -1), (8, 0), (8, 2)]
+# Column name: _tune_rows keywords (forward, backward); {} is the table's.
+POLY_NORM = {"f": {}, "fw0": {"grid_waves": 0}, "fw1": {"grid_waves": 1}, "fw2": {"grid_waves": 2}}
+POLY_NORM_BWD = {"b": {}, "bw2": {"grid_waves": 2}, "bw4": {"grid_waves": 4}}
+MUL = {"mf": {}, "mfp8": {"mul_fwd_packs": 8}, "mfp8w0": {"mul_fwd_packs": 8, "grid_waves": 0}}
+MUL_BWD = {"mb": {}, "mbp4": {"mul_bwd_packs": 4}}
 
 
 def bench(fn) -> float:
     return do_bench(fn, warmup=10, rep=60, return_mode="median")
 
 
-def worst_error(y: torch.Tensor, x: torch.Tensor, weight, bias) -> float:
+def worst_error(y: torch.Tensor, x: torch.Tensor, weight, bias, mul=None) -> float:
     """Largest |y - oracle| over the first rows, in units of the output dtype's half-ulp at 1."""
     rows = x[:64].double()
     ref = reference(rows, weight.double(), bias.double(), 1e-6)
+    if mul is not None:
+        ref = ref * mul[:64].double()
     floor = torch.finfo(y.dtype).eps / 2 * ref.abs().clamp_min(1.0)
     return float(((y[:64].double() - ref).abs() / floor).max())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--op", default="poly_norm", choices=["poly_norm", "poly_norm_mul"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--H", type=int, nargs="*", default=list(DEFAULT_H))
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--aligned-only", action="store_true", help="skip the view that starts one element in")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
+    fused = args.op == "poly_norm_mul"
+    fwd_variants, bwd_variants = (MUL, MUL_BWD) if fused else (POLY_NORM, POLY_NORM_BWD)
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
-    fwd_cols = [f"f{p}w{w}" + ("p" if pre and p == 4 else "") for p, w, pre in FWD]
-    bwd_cols = [f"b{p}w{w}" for p, w in BWD] + ["f-sp0", "b-sp0"]
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}, M*H = {args.elements}; "
-          "forward / copy (f<packs>w<grid waves>) and backward / add (b<packs>w<grid waves>; 0 packs, -1 waves: "
-          "the table's), same run, medians of do_bench; "
-          "err: worst error of any variant over the half-ulp floor")
-    print("| H | layout | copy us | add us | " + " | ".join(fwd_cols + bwd_cols) + " | err |")
-    print("|" + "---|" * (5 + len(fwd_cols) + len(bwd_cols)))
+    floors = "add, add+copy" if fused else "copy, add"
+    cols = list(fwd_variants) + list(bwd_variants) + ([] if fused else ["f-sp0", "b-sp0"])
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.op}, {args.dtype}, "
+          f"M*H = {args.elements}; forward and backward over the same-run floors ({floors}), medians of "
+          "do_bench; err: worst error of any variant over the rounding floor, or of its backward against the table's")
+    print("| H | layout | floor fwd us | floor bwd us | " + " | ".join(cols) + " | err |")
+    print("|" + "---|" * (5 + len(cols)))
+    tune = torch.ops.polynorm._tune_rows
     try:
         for H in args.H:
             M = max(1, args.elements // H)
@@ -71,55 +78,61 @@ def main() -> None:
                 layouts.append(("mis", buf[1 : 1 + M * H].view(M, H)))
             for name, x in layouts:
                 g = torch.randn(M, H, device="cuda", dtype=dtype)
+                mul = torch.randn(M, H, device="cuda", dtype=dtype) if fused else None
                 out = torch.empty(M, H, device="cuda", dtype=dtype)
+                out2 = torch.empty(M, H, device="cuda", dtype=dtype)
                 t_copy = bench(lambda: out.copy_(x))
                 t_add = bench(lambda: torch.add(x, g, out=out))
+                if fused:
+                    t_fwd_floor, t_bwd_floor = t_add, t_add + bench(lambda: out2.copy_(x))
+                    forward = lambda: torch.ops.polynorm.mul_forward(x, mul, weight, bias, 1e-6)  # noqa: E731
+                else:
+                    t_fwd_floor, t_bwd_floor = t_copy, t_add
+                    forward = lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)  # noqa: E731
                 cells, err = [], 0.0
-                for packs, waves, prefetch in FWD:
-                    torch.ops.polynorm._tune_rows(packs, 0, waves, prefetch)
-                    try:
-                        y, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
-                    except RuntimeError:  # a wide build where it is not built (misaligned or long rows)
-                        cells.append("n/a")
-                        continue
-                    err = max(err, worst_error(y, x, weight, bias))
-                    cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
-                torch.ops.polynorm._tune_rows()
-                _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
+                for kw in fwd_variants.values():
+                    tune(**kw)
+                    y, _ = forward()
+                    err = max(err, worst_error(y, x, weight, bias, mul))
+                    cells.append(f"{bench(forward) / t_fwd_floor:.3f}")
+                tune()
+                _, rstd = forward()
+                if fused:
+                    backward = lambda: torch.ops.polynorm.mul_backward(g, x, mul, weight, bias, rstd)  # noqa: E731
+                else:
+                    backward = lambda: torch.ops.polynorm.backward(g, x, weight, rstd)  # noqa: E731
                 ref_dx = None
-                for packs, waves in BWD:
-                    torch.ops.polynorm._tune_rows(0, packs, waves)
-                    try:
-                        dx, dw, db = torch.ops.polynorm.backward(g, x, weight, rstd)
-                    except RuntimeError:  # as above
-                        cells.append("n/a")
-                        continue
+                for kw in bwd_variants.values():
+                    tune(**kw)
+                    dx = backward()[0]
                     if ref_dx is None:
                         ref_dx = dx
                     else:  # another reduction order: agreement within a few rounding steps
                         rel = float(((dx.float() - ref_dx.float()).abs().max()) / ref_dx.float().abs().max())
                         err = max(err, rel / (torch.finfo(dtype).eps / 2))
-                    cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
-                # Default packs without the same-phase path (odd H only: elsewhere it is not taken).
-                torch.ops.polynorm._tune_rows(0, 0, -1, True, False)
-                if H % 8:
-                    y0, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
-                    dx0 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
-                    torch.ops.polynorm._tune_rows()
-                    y1, _ = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
-                    dx1 = torch.ops.polynorm.backward(g, x, weight, rstd)[0]
-                    if not (torch.equal(y0, y1) and torch.equal(dx0, dx1)):
-                        err = float("inf")  # the same-phase path must give the other path's bits
-                    torch.ops.polynorm._tune_rows(0, 0, -1, True, False)
-                    cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
-                    cells.append(f"{bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd)) / t_add:.3f}")
-                else:
-                    cells += ["-", "-"]
-                torch.ops.polynorm._tune_rows()
-                print(f"| {H} | {name} | {t_copy * 1e3:.1f} | {t_add * 1e3:.1f} | " + " | ".join(cells)
+                    cells.append(f"{bench(backward) / t_bwd_floor:.3f}")
+                tune()
+                if not fused:
+                    # Without the same-phase path (odd H only: elsewhere it is not taken).
+                    if H % 8:
+                        tune(same_phase=False)
+                        y0, _ = forward()
+                        dx0 = backward()[0]
+                        tune()
+                        y1, _ = forward()
+                        dx1 = backward()[0]
+                        if not (torch.equal(y0, y1) and torch.equal(dx0, dx1)):
+                            err = float("inf")  # the same-phase path must give the other path's bits
+                        tune(same_phase=False)
+                        cells.append(f"{bench(forward) / t_fwd_floor:.3f}")
+                        cells.append(f"{bench(backward) / t_bwd_floor:.3f}")
+                    else:
+                        cells += ["-", "-"]
+                    tune()
+                print(f"| {H} | {name} | {t_fwd_floor * 1e3:.1f} | {t_bwd_floor * 1e3:.1f} | " + " | ".join(cells)
                       + f" | {err:.2f} |", flush=True)
     finally:
-        torch.ops.polynorm._tune_rows()
+        tune()
 
 
 if __name__ == "__main__":

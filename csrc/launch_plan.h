@@ -7,35 +7,38 @@
 //
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
-//   forward      | H <= 32768        | row, one CTA (<= 512 threads)  | the row in registers (8 packs of x a
-//                |                   |                                | thread): read once, one reduction, no
-//                |                   |                                | barrier but the reduction's
-//                | 32768 < H         | row, a cluster of 2-8 CTAs of  | split past 512 threads: one CTA of 512
-//                |   <= 262144       | <= 512 threads                 | beats two of 256 (32768: 1.21 against
-//                |                   |                                | 1.31 of a copy); CTAs of 1024 spill
-//                | H > 262144        | tiled                          | past 8 x 512 threads; the row walked
+//   forward      | H <= 32768        | row, one CTA (<= 256 threads), | the row in registers (16 packs of x a
+//                |                   | a block per 128 / G rows       | thread, 128 registers): read once, one
+//                |                   |                                | reduction, no barrier but its own
+//                | 32768 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads; resident
+//                |   <= 262144       | <= 256 threads, persistent     | clusters walk the rows (65536: 1.25
+//                |                   |                                | against 1.26 a cluster per row)
+//                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
-//   backward     | H <= 8192         | row, one CTA (<= 256 threads)  | x and grad_y in registers (4 packs each)
-//                | 8192 < H          | row, a cluster of 2-8 CTAs of  | split past 256 threads: two CTAs of 256
-//                |   <= 131072       | <= 512 threads                 | beat one of 512 (16384: 1.26 against 1.34)
-//                | H > 131072        | tiled                          | 262144: tiled 1.82, 8 x 1024 1.97 of an add
-//   mul_forward  | H <= 16384        | row, one CTA (<= 512 threads)  | x and mul (4 packs each); split as forward
+//   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
+//                |                   | persistent                     | a block per row: 1.5-1.7 of an add
+//                | 16384 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads
+//                |   <= 131072       | <= 256 threads, persistent     |
+//                | H > 131072        | tiled                          | 262144: tiled 1.82 of an add
+//   mul_forward  | H <= 16384        | row, one CTA (<= 512 threads)  | x and mul (4 packs each); split past 512
 //                | 16384 < H         | row, a cluster of 2-8 CTAs of  |
 //                |   <= 131072       | <= 512 threads                 |
 //                | H > 131072        | tiled                          |
 //   mul_backward | H <= 4096         | row, one CTA (<= 256 threads)  | x, grad_out and mul (2 packs each); split
-//                | 4096 < H          | row, a cluster of 2-8 CTAs of  | as backward
+//                | 4096 < H          | row, a cluster of 2-8 CTAs of  | past 256
 //                |   <= 65536        | <= 512 threads                 |
 //                | H > 65536         | tiled                          |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
-//   then a multiple of 32: H = 5125 bf16 forward takes 96); blocks of 128 / G rows when G < 128.
-//   Cluster rows: the fewest CTAs (2, 4 or 8) of at most 512 threads each (row_plan).
-// - Devices without clusters (before sm_90): one CTA a row up to 1024 threads (bf16: forward
-//   H <= 65536, backward and mul_forward 32768, mul_backward 16384), the tiled kernels beyond.
-// - bench/NOTES.md, v6, has the measurements (bf16, M·H = 2^26, kernel time over a copy or an
-//   add of the same bytes); tests/test_launch_plan.py pins the boundaries.
+//   then a multiple of 32: H = 5125 bf16 forward takes 64, 16385 takes 160); blocks of 128 / G
+//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (PolyNorm) or
+//   512 (the fused op) threads each (row_plan).
+// - Devices without clusters (before sm_90): one CTA a row up to 256 threads for PolyNorm
+//   (bf16: forward H <= 32768, backward 16384) and 1024 for the fused op (mul_forward 32768,
+//   mul_backward 16384), the tiled kernels beyond.
+// - bench/NOTES.md, v6 and v8, has the measurements (bf16, M·H = 2^26, kernel time over a copy
+//   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
 // Every choice depends on H, the dtype and whether the device launches clusters, never on M
 // (nor on E), so a row's bits do not depend on the batch it comes in. Misaligned rows (odd
@@ -49,37 +52,50 @@
 
 namespace polynorm {
 
-// Row kernels: a row held in registers by G threads (a power of two), kPacks 16-byte
-// packs per thread and tensor.
-constexpr int kRowFwdPacks = 8;      // 128 bytes of x per thread
-constexpr int kRowBwdPacks = 4;      // 64 bytes each of x and grad_y per thread
+// Row kernels: a row held in registers by G threads, kPacks 16-byte packs per thread and
+// tensor. PolyNorm's are the wide builds: 16 packs held a thread (256 bytes: forward 16 of x,
+// backward 8 each of x and grad_y) at up to 128 registers, in CTAs of at most 256 threads.
+// Measured on an H200 (bench/NOTES.md, v8, h200-2026-12-01b/call2/tune_bf16.log, bf16 at
+// M·H = 2^26): forward 1.05-1.06 of a copy for H = 2048-16384 against 1.07-1.13 at 8 packs (80
+// registers), backward 1.10-1.13 of an add for 2048-8192 against 1.14-1.27 at 4 packs; fp32
+// alike.
+constexpr int kRowFwdPacks = 16;     // 256 bytes of x per thread
+constexpr int kRowBwdPacks = 8;      // 128 bytes each of x and grad_y per thread
 constexpr int kRowMulFwdPacks = 4;   // x and mul
 constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
+constexpr int kRowWidePacks = 12;    // packs held a thread from which a build is wide (row_min_blocks)
+constexpr int kRowWideThreads = 256; // the wide builds' largest CTA
 constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
 constexpr int kRowMaxThreads = 1024;
+
+// Packs a thread holds in registers: kPacks for each tensor the kernel keeps (forward: x, and
+// mul for the fused op; backward: x and grad_y, and mul).
+constexpr int packs_held(bool backward, bool mul, int packs) { return packs * (backward ? 2 : 1) + (mul ? packs : 0); }
+constexpr bool wide_build(bool backward, bool mul, int packs) { return packs_held(backward, mul, packs) >= kRowWidePacks; }
+
 // Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward) or
 // kRowBwdSplit (backward, mul_backward) is split over a cluster of CTAs of at most
 // kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs (8: the portable cluster size,
-// which every sm_90 device launches). Measured on an H200 (bench/NOTES.md, v6,
-// call1/tune_clusters.log): one CTA of 512 threads beats two of 256 in the forward (H = 32768
-// bf16: 1.21 against 1.31 of a copy), two CTAs of 256 beat one of 512 in the backward
-// (16384: 1.26 against 1.34 of an add), and CTAs of 512 threads beat CTAs of 1024 (64
+// which every sm_90 device launches); the wide builds split past kRowWideThreads, over CTAs of
+// that size. Measured on an H200 for the fused op's builds (bench/NOTES.md, v6,
+// call1/tune_clusters.log): one CTA of 512 threads beats two of 256 in the forward, two CTAs of
+// 256 beat one of 512 in the backward, and CTAs of 512 threads beat CTAs of 1024 (64
 // registers, spills) and mostly those of 256 for longer rows.
 constexpr int kRowFwdSplit = 512;
 constexpr int kRowBwdSplit = 256;
 constexpr int kRowClusterCtaThreads = 512;
 constexpr int kRowMaxCluster = 8;
 
-// Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread for
-// PolyNorm's forward and backward (bf16 and fp16 only; 0 = the table's), and the forward's
-// grid: 0 = one block per R rows (the hardware schedules them), k > 0 = at most k blocks per
-// resident slot, each walking rows k * slots apart, -1 = the table's (launch_forward_row).
-// Defined in polynorm.cpp.
+// Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread of the
+// fused op's forward (4 or 8) and backward (2 or 4; 0 = the table's), the grid: 0 = one block
+// per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot, -1 =
+// the table's (launch_forward_row, launch_backward_row), the same-phase path of misaligned
+// rows, the CTA size past which a row is split, and the largest cluster. Defined in
+// polynorm.cpp.
 struct RowTuning {
-  int fwd_packs;
-  int bwd_packs;
+  int mul_fwd_packs;
+  int mul_bwd_packs;
   int grid_waves;
-  bool prefetch;    // forward, aligned 2-byte rows: the next row's loads in flight (kPrefetch)
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
@@ -162,14 +178,10 @@ inline int row_max_cluster(bool clusters) {
   return t.max_cluster > 0 ? t.max_cluster : kRowMaxCluster;
 }
 
-// The wide builds: 16 packs held a thread (forward 16 of x; backward 8 each of x and grad_y), at
-// 128 registers, built for CTAs of at most kRowWideThreads threads.
-constexpr int kRowWideThreads = 256;
-inline bool wide_packs(bool backward, int packs_per_thread) { return (backward ? 2 : 1) * packs_per_thread >= 16; }
-
-// The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap.
-inline RowPlan row_plan_for(bool backward, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
-  if (wide_packs(backward, packs_per_thread)) {
+// The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap;
+// the wide builds' CTAs hold at most kRowWideThreads threads (so do their rows without clusters).
+inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
+  if (wide_build(backward, mul, packs_per_thread)) {
     const int cap = kRowWideThreads;
     return row_plan(H, elem_size, packs_per_thread, std::min(row_split_threads(backward), cap),
                     std::min(row_cta_threads(), cap), row_max_cluster(clusters), cap);
@@ -178,17 +190,14 @@ inline RowPlan row_plan_for(bool backward, int64_t H, int elem_size, int packs_p
                   row_max_cluster(clusters));
 }
 
-// Packs a thread of the row kernels for one op and element size (the tuning applies to
-// PolyNorm's own 2-byte builds, the only ones built with other counts).
-inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
-  if (mul) return backward ? kRowMulBwdPacks : kRowMulFwdPacks;
+// Packs a thread of the row kernels for one op: PolyNorm's wide builds, or the fused op's (the
+// tuning may widen those: mul_fwd_packs 8, mul_bwd_packs 4).
+inline int row_packs(bool backward, bool mul) {
+  if (!mul) return backward ? kRowBwdPacks : kRowFwdPacks;
   const RowTuning t = row_tuning();
-  const int tuned = backward ? t.bwd_packs : t.fwd_packs;
-  if (elem_size == 2 && tuned > 0) return tuned;
-  if (elem_size == 4 && (tuned == 16 || tuned == 8)) return tuned;  // fp32: the wide builds only
-  // 8 packs a thread forward (4 for the backward's two tensors): 4 packs forward measured
-  // 1-4% slower than 8 at H = 4096 once 8 packs stopped spilling (bench/NOTES.md, v5).
-  return backward ? kRowBwdPacks : kRowFwdPacks;
+  const int tuned = backward ? t.mul_bwd_packs : t.mul_fwd_packs;
+  if (tuned > 0) return tuned;
+  return backward ? kRowMulBwdPacks : kRowMulFwdPacks;
 }
 
 // The smallest power-of-two G that covers the row's packs with packs_per_thread packs per
@@ -208,8 +217,8 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, [[maybe_unused]] bool out_misaligned,
                               KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
-  plan.packs = row_packs(backward, mul, H, elem_size);
-  plan.row = row_plan_for(backward, H, elem_size, plan.packs, clusters);
+  plan.packs = row_packs(backward, mul);
+  plan.row = row_plan_for(backward, mul, H, elem_size, plan.packs, clusters);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kTiled || !plan.row.ok) {
     plan.kind = KernelKind::kTiled;

@@ -185,27 +185,25 @@ KernelKind kernel_kind(const std::string& name) {
 // the row (launch_plan.h). Process-wide; "auto" restores the table's choice.
 void force_kernel(const std::string& kind) { g_forced_kernel.store(static_cast<int>(kernel_kind(kind))); }
 
-std::atomic<int> g_fwd_packs{0};
-std::atomic<int> g_bwd_packs{0};
+std::atomic<int> g_mul_fwd_packs{0};
+std::atomic<int> g_mul_bwd_packs{0};
 std::atomic<int> g_grid_waves{-1};
-std::atomic<bool> g_prefetch{true};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
 
-// Bench hook: the row kernels' packs a thread (bf16/fp16 PolyNorm forward: 4, 8 or 16 (aligned
-// rows of at most 256 threads a CTA only); backward: 2 or 8 (aligned rows only) or 4; 0 = the table's), the forward's grid (0 = a block per R rows, k > 0 =
-// at most k blocks per resident slot, -1 = the table's), the forward's prefetch of the next
-// row (aligned 2-byte rows of 4 packs a thread), the same-phase path of misaligned rows, the
-// most threads of a row in one CTA before the row is split over a thread-block cluster, and
-// the largest cluster (0 = the table's; 16 is not portable: the launch checks that it fits).
-// Process-wide; _tune_rows() restores the defaults.
-void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool prefetch, bool same_phase,
-               int64_t cta_threads, int64_t max_cluster) {
-  TORCH_CHECK_VALUE(fwd_packs == 0 || fwd_packs == 4 || fwd_packs == 8 || fwd_packs == 16,
-                    "polynorm._tune_rows: expected fwd_packs to be 0, 4, 8 or 16, got ", num(fwd_packs));
-  TORCH_CHECK_VALUE(bwd_packs == 0 || bwd_packs == 2 || bwd_packs == 4 || bwd_packs == 8,
-                    "polynorm._tune_rows: expected bwd_packs to be 0, 2, 4 or 8, got ", num(bwd_packs));
+// Bench hook: the fused op's row kernels' packs a thread (forward 4 or 8, backward 2 or 4; 0 =
+// the table's), the grid (0 = a block per R rows, k > 0 = at most k blocks per resident slot,
+// -1 = the table's), the same-phase path of misaligned rows, the most threads of a row in one
+// CTA before the row is split over a thread-block cluster, and the largest cluster (0 = the
+// table's; 16 is not portable: the launch checks that it fits). Process-wide; _tune_rows()
+// restores the defaults.
+void tune_rows(int64_t mul_fwd_packs, int64_t mul_bwd_packs, int64_t grid_waves, bool same_phase, int64_t cta_threads,
+               int64_t max_cluster) {
+  TORCH_CHECK_VALUE(mul_fwd_packs == 0 || mul_fwd_packs == 4 || mul_fwd_packs == 8,
+                    "polynorm._tune_rows: expected mul_fwd_packs to be 0, 4 or 8, got ", num(mul_fwd_packs));
+  TORCH_CHECK_VALUE(mul_bwd_packs == 0 || mul_bwd_packs == 2 || mul_bwd_packs == 4,
+                    "polynorm._tune_rows: expected mul_bwd_packs to be 0, 2 or 4, got ", num(mul_bwd_packs));
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -214,10 +212,9 @@ void tune_rows(int64_t fwd_packs, int64_t bwd_packs, int64_t grid_waves, bool pr
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
-  g_fwd_packs.store(static_cast<int>(fwd_packs));
-  g_bwd_packs.store(static_cast<int>(bwd_packs));
+  g_mul_fwd_packs.store(static_cast<int>(mul_fwd_packs));
+  g_mul_bwd_packs.store(static_cast<int>(mul_bwd_packs));
   g_grid_waves.store(static_cast<int>(grid_waves));
-  g_prefetch.store(prefetch);
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
@@ -265,10 +262,9 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 
 KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
 RowTuning row_tuning() {
-  return {g_fwd_packs.load(std::memory_order_relaxed), g_bwd_packs.load(std::memory_order_relaxed),
-          g_grid_waves.load(std::memory_order_relaxed), g_prefetch.load(std::memory_order_relaxed),
-          g_same_phase.load(std::memory_order_relaxed), g_cta_threads.load(std::memory_order_relaxed),
-          g_max_cluster.load(std::memory_order_relaxed)};
+  return {g_mul_fwd_packs.load(std::memory_order_relaxed), g_mul_bwd_packs.load(std::memory_order_relaxed),
+          g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
+          g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -301,7 +297,7 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
-  m.def("_tune_rows(int fwd_packs=0, int bwd_packs=0, int grid_waves=-1, bool prefetch=True, bool same_phase=True, "
+  m.def("_tune_rows(int mul_fwd_packs=0, int mul_bwd_packs=0, int grid_waves=-1, bool same_phase=True, "
         "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -19,23 +19,30 @@ import polynorm  # noqa: F401  (registers the ops)
 plan = torch.ops.polynorm._launch_plan
 force = torch.ops.polynorm._force_kernel
 
-# csrc/launch_plan.h: on devices that launch clusters (sm_90 and later; `clusters=False`: older
-# ones), a row of more than SPLIT[direction] threads is split over a cluster of up to
-# MAX_CLUSTER CTAs of at most CTA_THREADS threads.
-SPLIT = {"forward": 512, "backward": 256}  # kRowFwdSplit, kRowBwdSplit
-CTA_THREADS = 512  # kRowClusterCtaThreads
+# csrc/launch_plan.h, by op: (the most threads of one CTA, the split, the CTA size of rows of
+# clusters). PolyNorm's wide builds (16 packs held a thread) hold a row in one CTA of up to 256
+# threads; on devices that launch clusters (sm_90 and later; `clusters=False`: older ones), a
+# longer row is split over a cluster of up to MAX_CLUSTER CTAs of 256. The fused op's builds: one
+# CTA of up to 1024 threads; with clusters, split past 512 threads forward and 256 backward over
+# CTAs of up to 512.
+GEOMETRY = {
+    "forward": (256, 256, 256),  # kRowWideThreads
+    "backward": (256, 256, 256),
+    "mul_forward": (1024, 512, 512),  # kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
+    "mul_backward": (1024, 256, 512),  # kRowBwdSplit
+}
 MAX_CLUSTER = 8  # kRowMaxCluster
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 
-# (op, dtype, the longest row one CTA of the row kernels holds): 1024 threads x packs x
-# elements a pack. With clusters, MAX_CLUSTER times as long.
+# (op, dtype, the longest row one CTA of the row kernels holds): the most threads x packs x
+# elements a pack. With clusters, longer (test_long_rows_split_over_clusters).
 ROW_LIMITS = [
-    ("forward", torch.bfloat16, 1024 * 8 * 8),
-    ("forward", torch.float32, 1024 * 8 * 4),
-    ("forward", torch.float64, 1024 * 8 * 2),
-    ("backward", torch.bfloat16, 1024 * 4 * 8),
-    ("backward", torch.float16, 1024 * 4 * 8),
-    ("backward", torch.float32, 1024 * 4 * 4),
+    ("forward", torch.bfloat16, 256 * 16 * 8),
+    ("forward", torch.float32, 256 * 16 * 4),
+    ("forward", torch.float64, 256 * 16 * 2),
+    ("backward", torch.bfloat16, 256 * 8 * 8),
+    ("backward", torch.float16, 256 * 8 * 8),
+    ("backward", torch.float32, 256 * 8 * 4),
     ("mul_forward", torch.bfloat16, 1024 * 4 * 8),
     ("mul_backward", torch.bfloat16, 1024 * 2 * 8),
     ("mul_backward", torch.float64, 1024 * 2 * 2),
@@ -48,7 +55,7 @@ def fields(text: str) -> dict:
 
 @pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
 def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
-    # Without clusters (devices before sm_90): one CTA a row, up to 1024 threads.
+    # Without clusters (devices before sm_90): one CTA a row, up to GEOMETRY's threads.
     elem = torch.finfo(dtype).bits // 8
     for H in (1, 3, 769, limit // 3, limit - 1, limit):
         text = plan(op, H, dtype, clusters=False)
@@ -72,13 +79,13 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
 
 @pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
 def test_long_rows_split_over_clusters(op, dtype, limit):
-    # With clusters: rows of up to SPLIT threads as without; longer ones on the fewest CTAs (a
-    # power of two from 2 to MAX_CLUSTER) of at most CTA_THREADS threads each (a multiple of
+    # With clusters: rows of up to `split` threads as without; longer ones on the fewest CTAs (a
+    # power of two from 2 to MAX_CLUSTER) of at most `cta_threads` threads each (a multiple of
     # 32), one row a block, together covering the row; longer still, tiled.
     elem = torch.finfo(dtype).bits // 8
-    split = SPLIT["backward" if "backward" in op else "forward"]
-    per_thread = limit // 1024  # elements a thread holds
-    longest = per_thread * CTA_THREADS * MAX_CLUSTER
+    most, split, cta_threads = GEOMETRY[op]
+    per_thread = limit // most  # elements a thread holds
+    longest = per_thread * cta_threads * MAX_CLUSTER
     for H in (769, per_thread * split, per_thread * split + 1, limit + 1, 3 * limit + 5, longest):
         text = plan(op, H, dtype)
         assert text.startswith("row "), (op, dtype, H, text)
@@ -91,13 +98,13 @@ def test_long_rows_split_over_clusters(op, dtype, limit):
         assert C in (2, 4, 8) and C <= MAX_CLUSTER, (H, text)
         assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
-        assert f["G"] <= CTA_THREADS, (H, text)
-        assert C == 2 or -(-need // (C // 2)) > CTA_THREADS, (H, text)  # the fewest CTAs
+        assert f["G"] <= cta_threads, (H, text)
+        assert C == 2 or -(-need // (C // 2)) > cta_threads, (H, text)  # the fewest CTAs
     assert plan(op, longest + 8 * 16, dtype).startswith("tiled "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
         torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
-        f = fields(plan(op, 4 * limit // 1024 * 64, dtype))  # 4 x 64 threads' worth
+        f = fields(plan(op, 4 * per_thread * 64, dtype))  # 4 x 64 threads' worth
         assert (f["cluster"], f["G"]) == (4, 64), f
     finally:
         torch.ops.polynorm._tune_rows()
@@ -107,8 +114,8 @@ def test_long_rows_split_over_clusters(op, dtype, limit):
 # (op, the longest row of one CTA, of a cluster, of one CTA without clusters). Past the last
 # row the table gives, the tiled kernels.
 TABLE_BF16 = [
-    ("forward", 32768, 262144, 65536),
-    ("backward", 8192, 131072, 32768),
+    ("forward", 32768, 262144, 32768),
+    ("backward", 16384, 131072, 16384),
     ("mul_forward", 16384, 131072, 32768),
     ("mul_backward", 4096, 65536, 16384),
 ]
@@ -213,26 +220,32 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
 
 
 def test_packs_a_thread():
-    # 8 packs of x a thread forward, 4 each of x and grad_y backward, for every dtype.
-    for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        assert fields(plan("forward", 4096, dtype))["packs"] == 8
-        assert fields(plan("backward", 512, dtype))["packs"] == 4
+    # PolyNorm: 16 packs of x a thread forward, 8 each of x and grad_y backward; the fused op: 4
+    # each of x and mul forward, 2 each of x, grad_out and mul backward; for every dtype.
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        assert fields(plan("forward", 4096, dtype))["packs"] == 16
+        assert fields(plan("backward", 512, dtype))["packs"] == 8
+        assert fields(plan("mul_forward", 4096, dtype))["packs"] == 4
+        assert fields(plan("mul_backward", 512, dtype))["packs"] == 2
 
 
-def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
+def test_tune_rows_sets_the_packs_of_the_fused_ops_builds_only():
     tune = torch.ops.polynorm._tune_rows
-    default = fields(plan("forward", 4096, torch.bfloat16))
+    default = {op: fields(plan(op, 4096, torch.bfloat16)) for op in ("forward", "backward", "mul_forward", "mul_backward")}
     try:
-        tune(4, 4, 0, True)
-        assert fields(plan("forward", 4096, torch.bfloat16))["packs"] == 4
-        assert fields(plan("forward", 4096, torch.bfloat16))["G"] == default["G"] * 2
-        assert fields(plan("backward", 4096, torch.float16))["packs"] == 4
-        assert fields(plan("forward", 4096, torch.float32))["packs"] == 8  # no other build
-        assert fields(plan("mul_forward", 4096, torch.bfloat16))["packs"] == 4
-        assert fields(plan("mul_backward", 4096, torch.bfloat16))["packs"] == 2
+        tune(8, 4, 0, True)
+        assert fields(plan("forward", 4096, torch.bfloat16)) == default["forward"]
+        assert fields(plan("backward", 4096, torch.bfloat16)) == default["backward"]
+        f = fields(plan("mul_forward", 4096, torch.bfloat16))
+        assert f["packs"] == 8 and f["G"] * 2 == default["mul_forward"]["G"], f
+        f = fields(plan("mul_backward", 4096, torch.float32))
+        assert f["packs"] == 4, f
+        # Wide (12 or more packs held a thread): CTAs of at most 256 threads, split past them.
+        f = fields(plan("mul_forward", 32768, torch.bfloat16))
+        assert (f["G"], f["cluster"]) == (256, 2), f
     finally:
         tune()
-    assert fields(plan("forward", 4096, torch.bfloat16)) == default
+    assert {op: fields(plan(op, 4096, torch.bfloat16)) for op in default} == default
     for args, message in TUNE_ROWS_ERRORS:
         with pytest.raises(ValueError) as raised:
             tune(*args)
@@ -244,12 +257,12 @@ def test_tune_rows_sets_the_packs_of_polynorms_2_byte_builds_only():
 # an int streamed into the cta_threads message crashed the H200 suite's worker (torch 2.11),
 # where a second copy of libstdc++'s facet ids had been numbered first (csrc/polynorm.cpp).
 TUNE_ROWS_ERRORS = [
-    ((2, 0, 1), "polynorm._tune_rows: expected fwd_packs to be 0, 4, 8 or 16, got 2"),
-    ((0, 3, 1), "polynorm._tune_rows: expected bwd_packs to be 0, 2, 4 or 8, got 3"),
+    ((2, 0, 1), "polynorm._tune_rows: expected mul_fwd_packs to be 0, 4 or 8, got 2"),
+    ((0, 3, 1), "polynorm._tune_rows: expected mul_bwd_packs to be 0, 2 or 4, got 3"),
     ((0, 0, -2), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
-    ((0, 0, -1, True, True, 48),
+    ((0, 0, -1, True, 48),
      "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
-    ((0, 0, -1, True, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
+    ((0, 0, -1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------
@@ -263,7 +276,7 @@ def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool 
     """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
     the row build while the row fits 1024 threads' packs of x, mul (and grad_out), or a
     cluster of MAX_CLUSTER such CTAs, unless tiled is forced; the tiled build otherwise."""
-    threads = MAX_CLUSTER * CTA_THREADS if clusters else 1024
+    threads = MAX_CLUSTER * GEOMETRY[op][2] if clusters else 1024
     fits = H * (torch.finfo(dtype).bits // 8) <= threads * MUL_ROW_PACKS[op] * 16
     return "row" if fits and forced != "tiled" else "tiled"
 
@@ -276,7 +289,7 @@ def test_mul_ops_forced_families(op, kind):
         force(kind)
         for dtype in (torch.bfloat16, torch.float32, torch.float64):
             limit = 1024 * MUL_ROW_PACKS[op] * 16 // (torch.finfo(dtype).bits // 8)
-            longest = limit // 1024 * MAX_CLUSTER * CTA_THREADS
+            longest = limit // 1024 * MAX_CLUSTER * GEOMETRY[op][2]
             for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000, longest, longest + 1):
                 for clusters in (True, False):
                     expected = mul_family(op, H, dtype, kind, clusters)

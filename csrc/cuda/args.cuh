@@ -5,6 +5,7 @@
 #pragma once
 
 #include "expert_offsets.cuh"
+#include "launch_plan.h"
 #include "packs.cuh"
 
 namespace polynorm {
@@ -76,12 +77,12 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 #define POLYNORM_ROW_MIN_BLOCKS 3
 #endif
 
-// Blocks of a <= 256-thread build that must fit an SM at once: 3 (80 registers a thread)
-// for rows of 8 or more packs a thread in registers; 4 (64 registers) for fewer, which
-// need fewer registers, so that more rows are in flight; 2 (128 registers) for the wide
-// bench builds of 16 packs held (forward 16 packs of x, backward 8 each of x and grad_y).
-constexpr int row_min_blocks(int max_threads, bool mul, int packs_held) {
-  return max_threads != 256 ? 1 : packs_held >= 16 ? 2 : (mul || packs_held >= 8) ? POLYNORM_ROW_MIN_BLOCKS : 4;
+// Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
+// (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
+// the wide builds (12 or more: PolyNorm's 16 packs forward, 8 each of x and grad_y backward);
+// 3 (80 registers) from 6 packs (the fused op's builds); 4 (64 registers) for fewer.
+constexpr int row_min_blocks(int max_threads, int packs_held) {
+  return max_threads != 256 ? 1 : packs_held >= kRowWidePacks ? 2 : packs_held >= 6 ? POLYNORM_ROW_MIN_BLOCKS : 4;
 }
 
 }  // namespace

@@ -229,10 +229,8 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-// kPrefetch (aligned PolyNorm builds, bench tuning): the next row's x, grad_y and rstd are
-// loaded while this row is reduced and written, into a second set of registers.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, (kPrefetch ? 4 : 2) * kPacks))
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks))
     poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
@@ -282,24 +280,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
-  static_assert(!kPrefetch || (kLayout == kAligned && !kMul && !kGrouped), "prefetch: aligned PolyNorm builds only");
   const int64_t step = clusters * R;
-  Pack x_ahead[kPrefetch ? kPacks : 1], g_ahead[kPrefetch ? kPacks : 1];
-  acc_t r_ahead[3] = {acc_t(0), acc_t(0), acc_t(0)};
   Pack x_ext, g_ext;
-  // kPrefetch: loads a row's x, grad_y and rstd into the registers `ahead` (row 0's data for
-  // a row past M, which is never stored).
-  const auto load_ahead = [&](int64_t row) {
-    if constexpr (kPrefetch) {
-      const int64_t at = row < M ? row : 0;
-      issue_row<scalar_t, kPacks>(x_ahead, x_ext, x + at * x_row_stride, H, rl, false);
-      issue_row<scalar_t, kPacks>(g_ahead, g_ext, grad_y + at * g_row_stride, H, rl, false);
-      r_ahead[0] = rstd[at * 3 + 0];
-      r_ahead[1] = rstd[at * 3 + 1];
-      r_ahead[2] = rstd[at * 3 + 2];
-    }
-  };
-  if constexpr (kPrefetch) load_ahead(cluster_id * R + group);
   int parity = 0;
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
@@ -312,25 +294,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     const scalar_t* g_row = grad_y + r * g_row_stride;
     Pack xb[kPacks];
     Pack gb[kPacks];
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        xb[i] = x_ahead[i];
-        gb[i] = g_ahead[i];
-      }
-      r3 = r_ahead[0];
-      r2 = r_ahead[1];
-      r1 = r_ahead[2];
-      load_ahead(row + step);
-    } else {
-      if (active && owned) {  // issued before the row's loads complete
-        r3 = rstd[row * 3 + 0];
-        r2 = rstd[row * 3 + 1];
-        r1 = rstd[row * 3 + 2];
-      }
-      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    if (active && owned) {  // issued before the row's loads complete
+      r3 = rstd[row * 3 + 0];
+      r2 = rstd[row * 3 + 1];
+      r1 = rstd[row * 3 + 2];
     }
+    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};

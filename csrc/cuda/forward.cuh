@@ -167,11 +167,9 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 
 // Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
 // of C (R = 1).
-// kPrefetch (aligned builds, bench tuning): a row's loads are issued while the previous
-// row is reduced and stored, into a second set of registers.
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kPrefetch = false>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul, kPrefetch ? 2 * kPacks : kPacks))
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
@@ -223,36 +221,17 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, kMul,
     return row < M ? static_cast<int>(expert_of(grouping.offsets, row)) : E;
   };
 
-  static_assert(!kPrefetch || (!kRealign && !kMul), "prefetch: aligned PolyNorm builds only");
   const int64_t step = clusters * R;
-  Pack ahead[kPrefetch ? kPacks : 1];
   Pack ext;
-  int ahead_expert = 0;  // kPrefetch, grouped: the expert of the row in `ahead`
-  if constexpr (kPrefetch) {
-    const int64_t row = cluster_id * R + group;
-    if (grouped) ahead_expert = expert_of_row(row);
-    issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (row < M ? row : 0) * x_row_stride,
-                                grouped && ahead_expert == E ? 0 : H, rl, false);
-  }
   int parity = 0;
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-    int expert = 0;
-    if (grouped) expert = kPrefetch ? ahead_expert : expert_of_row(row);
+    const int expert = grouped ? expert_of_row(row) : 0;
     const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
-    if constexpr (kPrefetch) {
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) buf[i] = ahead[i];
-      const int64_t next = row + step;
-      if (grouped) ahead_expert = expert_of_row(next);
-      issue_row<scalar_t, kPacks, kGrouped>(ahead, ext, x + (next < M ? next : 0) * x_row_stride,
-                                  grouped && ahead_expert == E ? 0 : H, rl, false);
-    } else {
-      issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-    }
+    issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
     // Same phase: mul's chunks as loaded, like x's.

@@ -92,15 +92,24 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // as many blocks as fit at once (their register use caps it, ~64 a thread under the
 // 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
-// Six builds of each row kernel: by layout (RowLayout: aligned rows, realigned rows,
-// same-phase rows), and for blocks of up to 256 threads (free to use 64-80 registers a
-// thread) or up to 1024 (capped at 64, where a few values spill to local memory).
-template <template <int, int> class Build>
+// The builds of each row kernel: by layout (RowLayout: aligned rows, realigned rows,
+// same-phase rows), and for blocks of up to 256 threads (free to use 64-128 registers a
+// thread) or, for the fused op's builds, up to 1024 (capped at 64, where a few values spill
+// to local memory). The wide builds (PolyNorm's, launch_plan.h) come in 256-thread builds only:
+// their plans never exceed 256 threads a CTA.
+template <template <int, int> class Build, bool kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
-  if (layout == kAligned) return small ? Build<kAligned, 256>::get() : Build<kAligned, kRowMaxThreads>::get();
-  if (layout == kRealigned) return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
-  return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
+  if constexpr (kWide) {
+    TORCH_INTERNAL_ASSERT(small, "polynorm: a wide row build launched with ", num(plan.threads), " threads");
+    if (layout == kAligned) return Build<kAligned, 256>::get();
+    if (layout == kRealigned) return Build<kRealigned, 256>::get();
+    return Build<kSamePhase, 256>::get();
+  } else {
+    if (layout == kAligned) return small ? Build<kAligned, 256>::get() : Build<kAligned, kRowMaxThreads>::get();
+    if (layout == kRealigned) return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
+    return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
+  }
 }
 
 // The SM count and a kernel's resident blocks per SM, cached per device: querying them
@@ -215,8 +224,7 @@ void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t g
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 
-// The row kernel's forward launch for kPacks packs a thread. The grid: persistent for
-// aligned rows of 128-256 threads, a block per R rows otherwise (below); `_tune_rows`
+// The row kernel's forward launch for kPacks packs a thread. The grid: below; `_tune_rows`
 // overrides it.
 template <typename scalar_t, int kPacks, bool kMul>
 struct FwdRowBuild {
@@ -242,32 +250,16 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
-  auto kernel = poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
-  if constexpr (kPacks == 16) {
-    // Bench tuning only (_tune_rows(fwd_packs=16)): 16 packs of x a thread, 128 registers.
-    TORCH_CHECK(layout == kAligned && !grouped && row.threads <= 256,
-                "polynorm._tune_rows: fwd_packs=16 is built for aligned PolyNorm rows of at most 256 threads a CTA only");
-  } else {
-    kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
-    if constexpr (!kMul) {
-      if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
-    }
+  constexpr bool kWide = wide_build(false, kMul, kPacks);
+  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, layout);
+  if constexpr (!kMul) {
+    if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
   }
-  bool prefetch = false;
-  if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks <= 4) {
-    // 2-byte rows of 4 packs a thread: the next row's loads in flight while this one is
-    // reduced (measured 1-7% faster, bench/NOTES.md v5).
-    prefetch = layout == kAligned && tuning.prefetch && !grouped;
-    if (prefetch) {
-      kernel = row.threads <= 256 ? poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, true>
-                                  : poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, kRowMaxThreads, false, false, true>;
-    }
-  }
-  // Persistent for aligned rows of 128-256 threads and for rows of clusters, a block per R
-  // rows otherwise (tune_rows: 2-5% faster for short rows, 6-9% for realigned and long rows
-  // of one CTA, bench/NOTES.md v5; clusters: mul_forward at H = 32768-131072 10-15% faster
-  // persistent, v6 call 3).
-  const bool persistent = (layout == kAligned && row.G >= 128 && row.G < 512) || row.cluster > 1;
+  // The grid. Wide builds: a block per R rows for rows of one CTA (tune_rows: 1.05-1.06 of a
+  // copy at H = 2048-16384 against 1.13-1.15 persistent, bench/NOTES.md v8), persistent for
+  // rows of clusters (65536-262144: 2-3% faster). The fused op's builds: persistent for aligned
+  // rows of 128-256 threads and for rows of clusters, a block per R rows otherwise (v5, v6).
+  const bool persistent = row.cluster > 1 || (!kWide && layout == kAligned && row.G >= 128 && row.G < 512);
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
   const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
@@ -306,29 +298,14 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
-  auto kernel = poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 256, kMul, false>;
-  if constexpr (kPacks == 8) {
-    // Bench tuning only (_tune_rows(bwd_packs=8)): 8 packs each of x and grad_y a thread, 128 registers.
-    TORCH_CHECK(layout == kAligned && !grouped && row.threads <= 256,
-                "polynorm._tune_rows: bwd_packs=8 is built for aligned PolyNorm rows of at most 256 threads a CTA only");
-  } else if constexpr (!kMul && sizeof(scalar_t) == 2 && kPacks == 2) {
-    // Bench tuning only (_tune_rows(bwd_packs=2)): 2 packs of x and grad_y a thread, aligned
-    // PolyNorm rows, with or without the next row's loads in flight (prefetch).
-    TORCH_CHECK(layout == kAligned && !grouped,
-                "polynorm._tune_rows: bwd_packs=2 is built for aligned PolyNorm rows only");
-    const bool small = row.threads <= 256, prefetch = row_tuning().prefetch;
-    kernel = prefetch ? (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false, true>
-                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false, true>)
-                      : (small ? poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, 256, false, false>
-                               : poly_norm_bwd_row_kernel<scalar_t, 2, kAligned, kRowMaxThreads, false, false>);
-  } else {
-    kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of>(row, layout);
-    if constexpr (!kMul) {
-      if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped>(row, layout);
-    }
+  constexpr bool kWide = wide_build(true, kMul, kPacks);
+  auto kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, layout);
+  if constexpr (!kMul) {
+    if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
   }
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
-  const int waves = row_tuning().grid_waves;  // bench tuning; the table: persistent
+  // Persistent (a block per row: 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
+  const int waves = row_tuning().grid_waves;
   const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
@@ -437,17 +414,14 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // PolyNorm's 2-byte builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
+      // The fused op's builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
             grouping, rows.M, rows.H, eps, stream);
       };
-      if constexpr (!kMul && sizeof(scalar_t) == 2) {
-        if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});
-      }
-      if constexpr (!kMul && sizeof(scalar_t) <= 4) {
-        if (lp.packs == 16) return launch(std::integral_constant<int, 16>{});  // bench tuning
+      if constexpr (kMul) {
+        if (lp.packs == 8) return launch(std::integral_constant<int, 8>{});
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       return launch(std::integral_constant<int, kPacks>{});
@@ -518,11 +492,8 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
-      if constexpr (!kMul && sizeof(scalar_t) == 2) {
-        if (lp.packs == 2) return launch(std::integral_constant<int, 2>{});  // bench tuning
-      }
-      if constexpr (!kMul && sizeof(scalar_t) <= 4) {
-        if (lp.packs == 8) return launch(std::integral_constant<int, 8>{});  // bench tuning
+      if constexpr (kMul) {
+        if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});  // bench tuning
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
