@@ -69,7 +69,7 @@ def main() -> None:
     parser.add_argument("--ops", nargs="*", default=list(OPS), choices=OPS)
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS), help="columns, by name (see VARIANTS), "
-                        "or extra ones as name=key:value,key:value (e.g. mp8c512=mul_fwd_packs:8,grid_waves:1,cta_threads:512)")
+                        "or extra ones as name=key:value,key:value (e.g. w1c128=grid_waves:1,cta_threads:128)")
     args = parser.parse_args()
     variants = {}
     for name in args.variants:

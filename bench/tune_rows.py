@@ -1,10 +1,9 @@
 """The row kernels' tunings side by side, kernel-only, on a CUDA device (issues 13 and 15).
 
-``torch.ops.polynorm._tune_rows(mul_fwd_packs, mul_bwd_packs, grid_waves, same_phase, ...)`` sets
-the grid of every row launch (``w1``: persistent, as many blocks as fit once; ``w0``: a block per
-R rows; ``w2``: at most two blocks per resident slot; the table's by default), whether odd-H
-rows take the same-phase path (``sp0``: without it), and the packs a thread of the fused
-PolyNorm x mul's builds (forward 4 or 8, backward 2 or 4: ``mp<packs>``). This script times
+``torch.ops.polynorm._tune_rows(grid_waves, same_phase, ...)`` sets the grid of every row launch
+(``w1``: persistent, as many blocks as fit once; ``w0``: a block per R rows; ``w2``: at most two
+blocks per resident slot; the table's by default) and whether odd-H rows take the same-phase
+path (``sp0``: without it). This script times
 ``torch.ops.polynorm.forward``/``backward`` (``--op poly_norm``) or ``mul_forward``/``mul_backward``
 (``--op poly_norm_mul``) under each at M·H = 2^26 (bf16 by default) as ratios to floors timed
 in the same run (medians of ``triton.testing.do_bench``): PolyNorm's forward over a copy and
@@ -29,8 +28,8 @@ DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125,
 # Column name: _tune_rows keywords (forward, backward); {} is the table's.
 POLY_NORM = {"f": {}, "fw0": {"grid_waves": 0}, "fw1": {"grid_waves": 1}, "fw2": {"grid_waves": 2}}
 POLY_NORM_BWD = {"b": {}, "bw2": {"grid_waves": 2}, "bw4": {"grid_waves": 4}}
-MUL = {"mf": {}, "mfp8": {"mul_fwd_packs": 8}, "mfp8w0": {"mul_fwd_packs": 8, "grid_waves": 0}}
-MUL_BWD = {"mb": {}, "mbp4": {"mul_bwd_packs": 4}}
+MUL = {"mf": {}, "mfw0": {"grid_waves": 0}, "mfw1": {"grid_waves": 1}}
+MUL_BWD = {"mb": {}, "mbw2": {"grid_waves": 2}}
 
 
 def bench(fn) -> float:

@@ -5,14 +5,17 @@
 // The table. H is for bf16/fp16 rows; fp32 rows hold half as many elements (halve every H
 // below), fp64 a quarter. The kernels are in csrc/cuda/ (forward.cuh, backward.cuh).
 //
+// Rows of whole 16-byte packs (bf16: H a multiple of 8), the wide builds:
+//
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
 //   forward      | H <= 32768        | row, one CTA (<= 256 threads), | the row in registers (16 packs of x a
 //                |                   | a block per 128 / G rows       | thread, 128 registers): read once, one
-//                |                   |                                | reduction, no barrier but its own
+//                |                   |                                | reduction, no barrier but its own;
+//                |                   |                                | persistent: 1.11-1.15 of a copy
 //                | 32768 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads; resident
-//                |   <= 262144       | <= 256 threads, persistent     | clusters walk the rows (65536: 1.25
-//                |                   |                                | against 1.26 a cluster per row)
+//                |   <= 262144       | <= 256 threads, persistent     | clusters walk the rows (131072: 1.29
+//                |                   |                                | against 1.37 a cluster per row)
 //                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
@@ -20,23 +23,24 @@
 //                | 16384 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads
 //                |   <= 131072       | <= 256 threads, persistent     |
 //                | H > 131072        | tiled                          | 262144: tiled 1.82 of an add
-//   mul_forward  | H <= 16384        | row, one CTA (<= 512 threads)  | x and mul (4 packs each); split past 512
-//                | 16384 < H         | row, a cluster of 2-8 CTAs of  |
-//                |   <= 131072       | <= 512 threads                 |
-//                | H > 131072        | tiled                          |
-//   mul_backward | H <= 4096         | row, one CTA (<= 256 threads)  | x, grad_out and mul (2 packs each); split
-//                | 4096 < H          | row, a cluster of 2-8 CTAs of  | past 256
-//                |   <= 65536        | <= 512 threads                 |
-//                | H > 65536         | tiled                          |
+//   mul_forward  | H <= 16384        | as forward, 8 packs each of x  |
+//                | <= 131072, beyond | and mul                        |
+//   mul_backward | H <= 8192         | as backward, 4 packs each of x,|
+//                | <= 65536, beyond  | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
+// Other rows (odd H), the narrow builds: half the packs, CTAs of up to 512 threads, split past
+// 512 threads (forward, mul_forward) or 256 (backward, mul_backward) over clusters of up to 8
+// CTAs of up to 512; bf16: forward to 262144, backward 131072, mul_forward 131072, mul_backward
+// 65536, tiled beyond; a block per R rows forward, persistent on clusters and backward.
+//
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
-//   then a multiple of 32: H = 5125 bf16 forward takes 64, 16385 takes 160); blocks of 128 / G
-//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (PolyNorm) or
-//   512 (the fused op) threads each (row_plan).
-// - Devices without clusters (before sm_90): one CTA a row up to 256 threads for PolyNorm
-//   (bf16: forward H <= 32768, backward 16384) and 1024 for the fused op (mul_forward 32768,
-//   mul_backward 16384), the tiled kernels beyond.
+//   then a multiple of 32: H = 5125 bf16 forward takes 96, 16385 takes 288); blocks of 128 / G
+//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (wide) or 512
+//   (narrow) threads each (row_plan).
+// - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
+//   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192) and 1024 narrow, the
+//   tiled kernels beyond.
 // - bench/NOTES.md, v6 and v8, has the measurements (bf16, M·H = 2^26, kernel time over a copy
 //   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
@@ -53,16 +57,23 @@
 namespace polynorm {
 
 // Row kernels: a row held in registers by G threads, kPacks 16-byte packs per thread and
-// tensor. PolyNorm's are the wide builds: 16 packs held a thread (256 bytes: forward 16 of x,
-// backward 8 each of x and grad_y) at up to 128 registers, in CTAs of at most 256 threads.
-// Measured on an H200 (bench/NOTES.md, v8, h200-2026-12-01b/call2/tune_bf16.log, bf16 at
-// M·H = 2^26): forward 1.05-1.06 of a copy for H = 2048-16384 against 1.07-1.13 at 8 packs (80
-// registers), backward 1.10-1.13 of an add for 2048-8192 against 1.14-1.27 at 4 packs; fp32
-// alike.
-constexpr int kRowFwdPacks = 16;     // 256 bytes of x per thread
-constexpr int kRowBwdPacks = 8;      // 128 bytes each of x and grad_y per thread
-constexpr int kRowMulFwdPacks = 4;   // x and mul
-constexpr int kRowMulBwdPacks = 2;   // x, grad_out and mul
+// tensor. Rows of whole packs (H * element size a multiple of 16 bytes) take the wide builds:
+// 16 packs held a thread (256 bytes: PolyNorm's forward 16 of x, its backward 8 each of x and
+// grad_y; the fused op's forward 8 each of x and mul; its backward 4 each of x, grad_out and
+// mul; 12) at up to 128 registers, in CTAs of at most 256 threads. Measured on an H200
+// (bench/NOTES.md, v8, h200-2026-12-01b/call2-3, bf16 at M·H = 2^26): forward 1.05-1.07 of a copy
+// for H = 2048-16384 against 1.07-1.13 at 8 packs (80 registers), backward 1.10-1.13 of an add
+// for 2048-8192 against 1.14-1.27 at 4 packs; fp32 alike; the fused op's backward 1.08-1.09 of
+// its floor at 2048-4096 against 1.13-1.26.
+// Other rows (odd H: they are never stored as whole packs, so every launch realigns them) take
+// the narrow builds, half as many packs at up to 80 registers in CTAs of up to 512 threads
+// (1024 without clusters): the wide realigning builds spill 230-620 bytes and ran odd H at 2.2-3.0
+// of a copy forward against 1.7-2.0 narrow (call 3). A row's packs, and so its bits, depend only
+// on H and the dtype, whatever its alignment.
+constexpr int kRowFwdPacks = 16;     // wide: 256 bytes of x per thread
+constexpr int kRowBwdPacks = 8;      // wide: 128 bytes each of x and grad_y per thread
+constexpr int kRowMulFwdPacks = 8;   // wide: x and mul
+constexpr int kRowMulBwdPacks = 4;   // wide: x, grad_out and mul
 constexpr int kRowWidePacks = 12;    // packs held a thread from which a build is wide (row_min_blocks)
 constexpr int kRowWideThreads = 256; // the wide builds' largest CTA
 constexpr int kRowMinThreads = 128;  // block size when G < 128: R = 128 / G rows a block
@@ -72,6 +83,9 @@ constexpr int kRowMaxThreads = 1024;
 // mul for the fused op; backward: x and grad_y, and mul).
 constexpr int packs_held(bool backward, bool mul, int packs) { return packs * (backward ? 2 : 1) + (mul ? packs : 0); }
 constexpr bool wide_build(bool backward, bool mul, int packs) { return packs_held(backward, mul, packs) >= kRowWidePacks; }
+
+// Whether a row of H elements is whole 16-byte packs: the wide builds' rows.
+inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 == 0; }
 
 // Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward) or
 // kRowBwdSplit (backward, mul_backward) is split over a cluster of CTAs of at most
@@ -86,15 +100,12 @@ constexpr int kRowBwdSplit = 256;
 constexpr int kRowClusterCtaThreads = 512;
 constexpr int kRowMaxCluster = 8;
 
-// Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): packs a thread of the
-// fused op's forward (4 or 8) and backward (2 or 4; 0 = the table's), the grid: 0 = one block
-// per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot, -1 =
-// the table's (launch_forward_row, launch_backward_row), the same-phase path of misaligned
-// rows, the CTA size past which a row is split, and the largest cluster. Defined in
+// Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
+// block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
+// -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
+// rows; the CTA size past which a row is split; and the largest cluster. Defined in
 // polynorm.cpp.
 struct RowTuning {
-  int mul_fwd_packs;
-  int mul_bwd_packs;
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
@@ -190,14 +201,11 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
                   row_max_cluster(clusters));
 }
 
-// Packs a thread of the row kernels for one op: PolyNorm's wide builds, or the fused op's (the
-// tuning may widen those: mul_fwd_packs 8, mul_bwd_packs 4).
-inline int row_packs(bool backward, bool mul) {
-  if (!mul) return backward ? kRowBwdPacks : kRowFwdPacks;
-  const RowTuning t = row_tuning();
-  const int tuned = backward ? t.mul_bwd_packs : t.mul_fwd_packs;
-  if (tuned > 0) return tuned;
-  return backward ? kRowMulBwdPacks : kRowMulFwdPacks;
+// Packs a thread of the row kernels for one op and row: the wide builds' for rows of whole
+// packs, half as many (the narrow builds) for the others.
+inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
+  const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
+  return whole_packs(H, elem_size) ? wide : wide / 2;
 }
 
 // The smallest power-of-two G that covers the row's packs with packs_per_thread packs per
@@ -217,7 +225,7 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, [[maybe_unused]] bool out_misaligned,
                               KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
-  plan.packs = row_packs(backward, mul);
+  plan.packs = row_packs(backward, mul, H, elem_size);
   plan.row = row_plan_for(backward, mul, H, elem_size, plan.packs, clusters);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kTiled || !plan.row.ok) {

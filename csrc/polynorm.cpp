@@ -185,25 +185,17 @@ KernelKind kernel_kind(const std::string& name) {
 // the row (launch_plan.h). Process-wide; "auto" restores the table's choice.
 void force_kernel(const std::string& kind) { g_forced_kernel.store(static_cast<int>(kernel_kind(kind))); }
 
-std::atomic<int> g_mul_fwd_packs{0};
-std::atomic<int> g_mul_bwd_packs{0};
 std::atomic<int> g_grid_waves{-1};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
 
-// Bench hook: the fused op's row kernels' packs a thread (forward 4 or 8, backward 2 or 4; 0 =
-// the table's), the grid (0 = a block per R rows, k > 0 = at most k blocks per resident slot,
-// -1 = the table's), the same-phase path of misaligned rows, the most threads of a row in one
-// CTA before the row is split over a thread-block cluster, and the largest cluster (0 = the
-// table's; 16 is not portable: the launch checks that it fits). Process-wide; _tune_rows()
-// restores the defaults.
-void tune_rows(int64_t mul_fwd_packs, int64_t mul_bwd_packs, int64_t grid_waves, bool same_phase, int64_t cta_threads,
-               int64_t max_cluster) {
-  TORCH_CHECK_VALUE(mul_fwd_packs == 0 || mul_fwd_packs == 4 || mul_fwd_packs == 8,
-                    "polynorm._tune_rows: expected mul_fwd_packs to be 0, 4 or 8, got ", num(mul_fwd_packs));
-  TORCH_CHECK_VALUE(mul_bwd_packs == 0 || mul_bwd_packs == 2 || mul_bwd_packs == 4,
-                    "polynorm._tune_rows: expected mul_bwd_packs to be 0, 2 or 4, got ", num(mul_bwd_packs));
+// Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
+// resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
+// of a row in one CTA before the row is split over a thread-block cluster (0 = the table's; the
+// wide builds cap it at 256), and the largest cluster (0 = the table's; 16 is not portable: the
+// launch checks that it fits). Process-wide; _tune_rows() restores the defaults.
+void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -212,8 +204,6 @@ void tune_rows(int64_t mul_fwd_packs, int64_t mul_bwd_packs, int64_t grid_waves,
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
-  g_mul_fwd_packs.store(static_cast<int>(mul_fwd_packs));
-  g_mul_bwd_packs.store(static_cast<int>(mul_bwd_packs));
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
@@ -262,8 +252,7 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 
 KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
 RowTuning row_tuning() {
-  return {g_mul_fwd_packs.load(std::memory_order_relaxed), g_mul_bwd_packs.load(std::memory_order_relaxed),
-          g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
+  return {g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
           g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed)};
 }
 
@@ -297,8 +286,8 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
-  m.def("_tune_rows(int mul_fwd_packs=0, int mul_bwd_packs=0, int grid_waves=-1, bool same_phase=True, "
-        "int cta_threads=0, int max_cluster=0) -> ()", &polynorm::tune_rows);
+  m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0) -> ()",
+        &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",
         &polynorm::launch_plan_op);

@@ -19,48 +19,62 @@ import polynorm  # noqa: F401  (registers the ops)
 plan = torch.ops.polynorm._launch_plan
 force = torch.ops.polynorm._force_kernel
 
-# csrc/launch_plan.h, by op: (the most threads of one CTA, the split, the CTA size of rows of
-# clusters). PolyNorm's wide builds (16 packs held a thread) hold a row in one CTA of up to 256
-# threads; on devices that launch clusters (sm_90 and later; `clusters=False`: older ones), a
-# longer row is split over a cluster of up to MAX_CLUSTER CTAs of 256. The fused op's builds: one
-# CTA of up to 1024 threads; with clusters, split past 512 threads forward and 256 backward over
-# CTAs of up to 512.
-GEOMETRY = {
-    "forward": (256, 256, 256),  # kRowWideThreads
-    "backward": (256, 256, 256),
-    "mul_forward": (1024, 512, 512),  # kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
-    "mul_backward": (1024, 256, 512),  # kRowBwdSplit
+# csrc/launch_plan.h: rows of whole 16-byte packs take the wide builds, odd ones the narrow
+# builds (half the packs). By op: the wide and narrow packs a thread, and each class's (most
+# threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
+# split past them; narrow ones hold up to 1024 without clusters, and with clusters split past
+# 512 threads forward and 256 backward over CTAs of up to 512. On devices that launch clusters
+# (sm_90 and later; `clusters=False`: older ones) a row splits over up to MAX_CLUSTER CTAs.
+PACKS = {"forward": 16, "backward": 8, "mul_forward": 8, "mul_backward": 4}  # kRow*Packs
+WIDE = (256, 256, 256)  # kRowWideThreads
+NARROW = {
+    "forward": (1024, 512, 512),  # kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
+    "backward": (1024, 256, 512),  # kRowBwdSplit
+    "mul_forward": (1024, 512, 512),
+    "mul_backward": (1024, 256, 512),
 }
 MAX_CLUSTER = 8  # kRowMaxCluster
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+OPS = tuple(PACKS)
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
-# (op, dtype, the longest row one CTA of the row kernels holds): the most threads x packs x
-# elements a pack. With clusters, longer (test_long_rows_split_over_clusters).
-ROW_LIMITS = [
-    ("forward", torch.bfloat16, 256 * 16 * 8),
-    ("forward", torch.float32, 256 * 16 * 4),
-    ("forward", torch.float64, 256 * 16 * 2),
-    ("backward", torch.bfloat16, 256 * 8 * 8),
-    ("backward", torch.float16, 256 * 8 * 8),
-    ("backward", torch.float32, 256 * 8 * 4),
-    ("mul_forward", torch.bfloat16, 1024 * 4 * 8),
-    ("mul_backward", torch.bfloat16, 1024 * 2 * 8),
-    ("mul_backward", torch.float64, 1024 * 2 * 2),
-]
+
+def elem_size(dtype: torch.dtype) -> int:
+    return torch.finfo(dtype).bits // 8
+
+
+def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
+    """(packs a thread, most threads of one CTA, split, cluster CTA size) of a row of H."""
+    if H * elem_size(dtype) % 16 == 0:
+        return (PACKS[op], *WIDE)
+    return (PACKS[op] // 2, *NARROW[op])
+
+
+def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
+    """The longest row of one CTA without clusters, in elements: whole packs (wide) or odd."""
+    packs, most = (PACKS[op], WIDE[0]) if wide else (PACKS[op] // 2, NARROW[op][0])
+    return most * packs * (16 // elem_size(dtype)) - (0 if wide else 1)
 
 
 def fields(text: str) -> dict:
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", text)}
 
 
-@pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
-def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
-    # Without clusters (devices before sm_90): one CTA a row, up to GEOMETRY's threads.
-    elem = torch.finfo(dtype).bits // 8
-    for H in (1, 3, 769, limit // 3, limit - 1, limit):
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
+def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, wide):
+    # Without clusters (devices before sm_90): one CTA a row, up to the class's threads.
+    elem, vec = elem_size(dtype), 16 // elem_size(dtype)
+    limit = one_cta_limit(op, dtype, wide)
+    sizes = (vec, 3 * vec, 96 * vec, limit // 3 // vec * vec, limit - vec, limit) if wide else (
+        1, 3, 769, limit // 3 // vec * vec + 1, limit - 2 * vec, limit)
+    for H in sizes:
+        assert (H * elem % 16 == 0) == wide, (H, elem)
         text = plan(op, H, dtype, clusters=False)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
+        assert f["packs"] == geometry(op, dtype, H)[0], (H, text)
         packs = -(-H * elem // 16)
         G = f["G"]
         need = -(-packs // f["packs"])  # threads that cover the row
@@ -72,24 +86,29 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, limit):
         # 128-thread blocks of several rows where G divides 128, else one row a block
         assert f["threads"] == (128 if 128 % G == 0 else G), (H, text)
         assert f["cluster"] == 1, text
-    # Longer rows: the tiled kernels (no cluster to split them over on these devices).
-    longer = plan(op, limit + 1, dtype, clusters=False)
+    # Longer rows of the class: the tiled kernels (no cluster to split them over on these devices).
+    longer = plan(op, limit + (vec if wide else 2 * vec), dtype, clusters=False)
     assert longer.startswith("tiled "), (op, dtype, longer)
 
 
-@pytest.mark.parametrize("op,dtype,limit", ROW_LIMITS)
-def test_long_rows_split_over_clusters(op, dtype, limit):
+@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
+def test_long_rows_split_over_clusters(op, dtype, wide):
     # With clusters: rows of up to `split` threads as without; longer ones on the fewest CTAs (a
     # power of two from 2 to MAX_CLUSTER) of at most `cta_threads` threads each (a multiple of
     # 32), one row a block, together covering the row; longer still, tiled.
-    elem = torch.finfo(dtype).bits // 8
-    most, split, cta_threads = GEOMETRY[op]
-    per_thread = limit // most  # elements a thread holds
-    longest = per_thread * cta_threads * MAX_CLUSTER
-    for H in (769, per_thread * split, per_thread * split + 1, limit + 1, 3 * limit + 5, longest):
+    elem, vec = elem_size(dtype), 16 // elem_size(dtype)
+    odd = 0 if wide else 1  # an odd H: one element past whole packs
+    packs, most, split, cta_threads = geometry(op, dtype, vec + odd)
+    per_thread = packs * vec  # elements a thread holds
+    longest = per_thread * cta_threads * MAX_CLUSTER - (0 if wide else vec - 1)  # the class's longest row
+    for H in (96 * vec + odd, per_thread * split - vec + odd, per_thread * split + odd,
+              per_thread * split + vec + odd, 3 * per_thread * most + 5 * vec + odd, longest):
         text = plan(op, H, dtype)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
+        assert f["packs"] == packs, (H, text)
         need = -(-(-(-H * elem // 16)) // f["packs"])  # threads that cover the row
         C = f["cluster"]
         if -(-need // 32) * 32 <= split:
@@ -100,24 +119,24 @@ def test_long_rows_split_over_clusters(op, dtype, limit):
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
         assert f["G"] <= cta_threads, (H, text)
         assert C == 2 or -(-need // (C // 2)) > cta_threads, (H, text)  # the fewest CTAs
-    assert plan(op, longest + 8 * 16, dtype).startswith("tiled "), (op, dtype)
+    assert plan(op, longest + 8 * vec, dtype).startswith("tiled "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
         torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
-        f = fields(plan(op, 4 * per_thread * 64, dtype))  # 4 x 64 threads' worth
+        f = fields(plan(op, 4 * per_thread * 64 - (0 if wide else vec - 1), dtype))  # 4 x 64 threads' worth
         assert (f["cluster"], f["G"]) == (4, 64), f
     finally:
         torch.ops.polynorm._tune_rows()
 
 
-# csrc/launch_plan.h's table, bf16 (fp32 rows hold half as many elements, fp64 a quarter):
-# (op, the longest row of one CTA, of a cluster, of one CTA without clusters). Past the last
-# row the table gives, the tiled kernels.
+# csrc/launch_plan.h's table, bf16 rows of whole packs (fp32 rows hold half as many elements,
+# fp64 a quarter): (op, the longest row of one CTA, of a cluster, of one CTA without clusters).
+# Past the last row the table gives, the tiled kernels.
 TABLE_BF16 = [
     ("forward", 32768, 262144, 32768),
     ("backward", 16384, 131072, 16384),
-    ("mul_forward", 16384, 131072, 32768),
-    ("mul_backward", 4096, 65536, 16384),
+    ("mul_forward", 16384, 131072, 16384),
+    ("mul_backward", 8192, 65536, 8192),
 ]
 
 
@@ -132,9 +151,10 @@ def test_the_tables_boundaries(op, one_cta, cluster, no_clusters, dtype, scale):
             text = plan(op, H, dtype, out_misaligned=misaligned, clusters=clusters)
             return text.split()[0] + ("" if text.startswith("tiled") else f"x{fields(text)['cluster']}")
 
-        assert kind(one_cta) == "rowx1" and kind(one_cta + 1) == "rowx2", (op, dtype)
-        assert kind(cluster) == "rowx8" and kind(cluster + 1) == "tiled", (op, dtype)
-        assert kind(no_clusters, False) == "rowx1" and kind(no_clusters + 1, False) == "tiled", (op, dtype)
+        vec = 16 // elem_size(dtype)  # the next row of whole packs
+        assert kind(one_cta) == "rowx1" and kind(one_cta + vec) == "rowx2", (op, dtype)
+        assert kind(cluster) == "rowx8" and kind(cluster + vec) == "tiled", (op, dtype)
+        assert kind(no_clusters, False) == "rowx1" and kind(no_clusters + vec, False) == "tiled", (op, dtype)
 
 
 @pytest.mark.parametrize("kind", ["row", "tiled"])
@@ -220,32 +240,32 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
 
 
 def test_packs_a_thread():
-    # PolyNorm: 16 packs of x a thread forward, 8 each of x and grad_y backward; the fused op: 4
-    # each of x and mul forward, 2 each of x, grad_out and mul backward; for every dtype.
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        assert fields(plan("forward", 4096, dtype))["packs"] == 16
-        assert fields(plan("backward", 512, dtype))["packs"] == 8
-        assert fields(plan("mul_forward", 4096, dtype))["packs"] == 4
-        assert fields(plan("mul_backward", 512, dtype))["packs"] == 2
+    # Rows of whole packs: PolyNorm 16 packs of x a thread forward, 8 each of x and grad_y
+    # backward; the fused op 8 each of x and mul forward, 4 each of x, grad_out and mul
+    # backward. Odd rows: half as many. For every dtype, whatever the output's alignment.
+    for dtype in FLOAT_DTYPES:
+        vec = 16 // elem_size(dtype)
+        for op, packs in PACKS.items():
+            for misaligned in (False, True):
+                assert fields(plan(op, 64 * vec, dtype, out_misaligned=misaligned))["packs"] == packs, (op, dtype)
+                assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == packs // 2
 
 
-def test_tune_rows_sets_the_packs_of_the_fused_ops_builds_only():
+def test_tune_rows_sets_grid_and_clusters_never_packs():
     tune = torch.ops.polynorm._tune_rows
-    default = {op: fields(plan(op, 4096, torch.bfloat16)) for op in ("forward", "backward", "mul_forward", "mul_backward")}
+    default = {op: fields(plan(op, 4096, torch.bfloat16)) for op in OPS}
     try:
-        tune(8, 4, 0, True)
-        assert fields(plan("forward", 4096, torch.bfloat16)) == default["forward"]
-        assert fields(plan("backward", 4096, torch.bfloat16)) == default["backward"]
-        f = fields(plan("mul_forward", 4096, torch.bfloat16))
-        assert f["packs"] == 8 and f["G"] * 2 == default["mul_forward"]["G"], f
-        f = fields(plan("mul_backward", 4096, torch.float32))
-        assert f["packs"] == 4, f
-        # Wide (12 or more packs held a thread): CTAs of at most 256 threads, split past them.
-        f = fields(plan("mul_forward", 32768, torch.bfloat16))
+        tune(0, False, 64, 16)
+        for op in OPS:
+            f = fields(plan(op, 4096, torch.bfloat16))
+            assert f["packs"] == default[op]["packs"] and f["G"] <= 64, (op, f)
+        # The wide builds' CTAs hold at most 256 threads, whatever cta_threads says.
+        tune(-1, True, 1024, 8)
+        f = fields(plan("forward", 65536, torch.bfloat16))
         assert (f["G"], f["cluster"]) == (256, 2), f
     finally:
         tune()
-    assert {op: fields(plan(op, 4096, torch.bfloat16)) for op in default} == default
+    assert {op: fields(plan(op, 4096, torch.bfloat16)) for op in OPS} == default
     for args, message in TUNE_ROWS_ERRORS:
         with pytest.raises(ValueError) as raised:
             tune(*args)
@@ -257,27 +277,28 @@ def test_tune_rows_sets_the_packs_of_the_fused_ops_builds_only():
 # an int streamed into the cta_threads message crashed the H200 suite's worker (torch 2.11),
 # where a second copy of libstdc++'s facet ids had been numbered first (csrc/polynorm.cpp).
 TUNE_ROWS_ERRORS = [
-    ((2, 0, 1), "polynorm._tune_rows: expected mul_fwd_packs to be 0, 4 or 8, got 2"),
-    ((0, 3, 1), "polynorm._tune_rows: expected mul_bwd_packs to be 0, 2 or 4, got 3"),
-    ((0, 0, -2), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
-    ((0, 0, -1, True, 48),
-     "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
-    ((0, 0, -1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
+    ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
+    ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
+    ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------
 # mul_forward and mul_backward have a row build and a tiled build, as PolyNorm's ops do: forcing
 # "row" past the row kernels' register budget gives the tiled build.
 
-MUL_ROW_PACKS = {"mul_forward": 4, "mul_backward": 2}  # csrc/launch_plan.h: kRowMulFwdPacks, kRowMulBwdPacks
-
-
 def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool = True) -> str:
     """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
-    the row build while the row fits 1024 threads' packs of x, mul (and grad_out), or a
-    cluster of MAX_CLUSTER such CTAs, unless tiled is forced; the tiled build otherwise."""
-    threads = MAX_CLUSTER * GEOMETRY[op][2] if clusters else 1024
-    fits = H * (torch.finfo(dtype).bits // 8) <= threads * MUL_ROW_PACKS[op] * 16
+    the row build while the row's threads fit one CTA, or with clusters the fewest CTAs (up to
+    MAX_CLUSTER) of the class's size, unless tiled is forced; the tiled build otherwise."""
+    packs, most, split, cta_threads = geometry(op, dtype, H)
+    need = -(-(-(-H * elem_size(dtype) // 16)) // packs)
+    if clusters and -(-need // 32) * 32 > split:
+        C = 2
+        while C < MAX_CLUSTER and -(-need // C) > cta_threads:
+            C *= 2
+        fits = -(-(-(-need // C)) // 32) * 32 <= cta_threads
+    else:
+        fits = (need if need <= 32 else -(-need // 32) * 32) <= most
     return "row" if fits and forced != "tiled" else "tiled"
 
 
@@ -288,9 +309,11 @@ def test_mul_ops_forced_families(op, kind):
     try:
         force(kind)
         for dtype in (torch.bfloat16, torch.float32, torch.float64):
-            limit = 1024 * MUL_ROW_PACKS[op] * 16 // (torch.finfo(dtype).bits // 8)
-            longest = limit // 1024 * MAX_CLUSTER * GEOMETRY[op][2]
-            for H in (1, 127, 769, 4096, 5125, limit, limit + 1, 40000, longest, longest + 1):
+            vec = 16 // elem_size(dtype)
+            wide_limit = one_cta_limit(op, dtype, True)
+            odd_limit = one_cta_limit(op, dtype, False)
+            for H in (1, 127, 769, 4096, 5125, wide_limit, wide_limit + vec, odd_limit, odd_limit + 2 * vec, 40000,
+                      wide_limit * MAX_CLUSTER, wide_limit * MAX_CLUSTER + vec, 8 * odd_limit, 8 * odd_limit + 2):
                 for clusters in (True, False):
                     expected = mul_family(op, H, dtype, kind, clusters)
                     text = plan(op, H, dtype, clusters=clusters)

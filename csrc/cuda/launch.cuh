@@ -92,23 +92,22 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // as many blocks as fit at once (their register use caps it, ~64 a thread under the
 // 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
-// The builds of each row kernel: by layout (RowLayout: aligned rows, realigned rows,
-// same-phase rows), and for blocks of up to 256 threads (free to use 64-128 registers a
-// thread) or, for the fused op's builds, up to 1024 (capped at 64, where a few values spill
-// to local memory). The wide builds (PolyNorm's, launch_plan.h) come in 256-thread builds only:
-// their plans never exceed 256 threads a CTA.
+// The builds of each row kernel (launch_plan.h says which rows take which):
+// - wide (rows of whole packs): aligned rows, or realigned ones (a view that starts off a
+//   16-byte boundary), in blocks of up to 256 threads (up to 128 registers a thread). Such rows
+//   never take the same-phase path (the output's rows are aligned, so only aligned inputs
+//   start alike), which the realigned build serves too.
+// - narrow (odd H: every launch realigns): realigned or same-phase rows, in blocks of up to 256
+//   threads (80 registers) or 1024 (64, where a few values spill to local memory).
 template <template <int, int> class Build, bool kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
   if constexpr (kWide) {
     TORCH_INTERNAL_ASSERT(small, "polynorm: a wide row build launched with ", num(plan.threads), " threads");
-    if (layout == kAligned) return Build<kAligned, 256>::get();
-    if (layout == kRealigned) return Build<kRealigned, 256>::get();
-    return Build<kSamePhase, 256>::get();
+    return layout == kAligned ? Build<kAligned, 256>::get() : Build<kRealigned, 256>::get();
   } else {
-    if (layout == kAligned) return small ? Build<kAligned, 256>::get() : Build<kAligned, kRowMaxThreads>::get();
-    if (layout == kRealigned) return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
-    return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
+    if (layout == kSamePhase) return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
+    return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
   }
 }
 
@@ -255,12 +254,11 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (!kMul) {
     if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
   }
-  // The grid. Wide builds: a block per R rows for rows of one CTA (tune_rows: 1.05-1.06 of a
-  // copy at H = 2048-16384 against 1.13-1.15 persistent, bench/NOTES.md v8), persistent for
-  // rows of clusters (65536-262144: 2-3% faster). The fused op's builds: persistent for aligned
-  // rows of 128-256 threads and for rows of clusters, a block per R rows otherwise (v5, v6).
-  const bool persistent = row.cluster > 1 || (!kWide && layout == kAligned && row.G >= 128 && row.G < 512);
-  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
+  // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
+  // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
+  // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
+  // at 32768-131072: 10-15%, v6).
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
   const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, same_phase, rstd,
@@ -414,15 +412,13 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // The fused op's builds come with 4 or 8 packs a thread (bench tuning, _tune_rows).
+      // Wide builds (kPacks) for rows of whole packs, narrow ones (half) for odd H.
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
             grouping, rows.M, rows.H, eps, stream);
       };
-      if constexpr (kMul) {
-        if (lp.packs == 8) return launch(std::integral_constant<int, 8>{});
-      }
+      if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       return launch(std::integral_constant<int, kPacks>{});
     }
@@ -492,9 +488,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
-      if constexpr (kMul) {
-        if (lp.packs == 4) return launch(std::integral_constant<int, 4>{});  // bench tuning
-      }
+      if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});  // odd H
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
       launch(std::integral_constant<int, kPacks>{});
     } else {
