@@ -77,12 +77,21 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 #define POLYNORM_ROW_MIN_BLOCKS 3
 #endif
 
+// The wide realigning builds' blocks (below): 2 (128 registers, where they spill 100-230 bytes)
+// unless set otherwise for measurements.
+#ifndef POLYNORM_WIDE_REALIGN_MIN_BLOCKS
+#define POLYNORM_WIDE_REALIGN_MIN_BLOCKS 2
+#endif
+
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
 // (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
-// the wide builds (12 or more: PolyNorm's 16 packs forward, 8 each of x and grad_y backward);
-// 3 (80 registers) from 6 packs (the fused op's builds); 4 (64 registers) for fewer.
-constexpr int row_min_blocks(int max_threads, int packs_held) {
-  return max_threads != 256 ? 1 : packs_held >= kRowWidePacks ? 2 : packs_held >= 6 ? POLYNORM_ROW_MIN_BLOCKS : 4;
+// the wide builds (12 or more: 16 packs of PolyNorm's forward, 8 each of x and grad_y
+// backward, ...); 3 (80 registers) from 6 packs (the narrow builds); 4 (64 registers) for fewer.
+constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
+  return max_threads != 256              ? 1
+         : packs_held >= kRowWidePacks ? (realign ? POLYNORM_WIDE_REALIGN_MIN_BLOCKS : 2)
+         : packs_held >= 6             ? POLYNORM_ROW_MIN_BLOCKS
+                                       : 4;
 }
 
 }  // namespace

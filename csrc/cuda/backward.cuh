@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
 template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks))
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks, kLayout != kAligned))
     poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,

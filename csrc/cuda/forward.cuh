@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 // of C (R = 1).
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
 template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks))
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
