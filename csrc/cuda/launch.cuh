@@ -89,8 +89,8 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 }
 
 // Row kernels (G and the block size: row_plan in launch_plan.h). The persistent grid is
-// as many blocks as fit at once (their register use caps it, ~64 a thread under the
-// 1024-thread bound), each walking rows gridDim apart. Only H and the dtype choose G, the
+// as many blocks as fit at once (their register use caps it: 64-128 a thread), each walking
+// rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
 // The builds of each row kernel (launch_plan.h says which rows take which):
 // - wide (rows of whole packs): aligned rows, or realigned ones (a view that starts off a
