@@ -29,7 +29,7 @@
 //                | <= 65536, beyond  | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
-// Other rows (odd H), the narrow builds: half the packs, CTAs of up to 512 threads, split past
+// Other rows ("odd H": H not a multiple of 16 / element size, bf16 8), the narrow builds: half the packs, CTAs of up to 512 threads, split past
 // 512 threads (forward, mul_forward) or 256 (backward, mul_backward) over clusters of up to 8
 // CTAs of up to 512; bf16: forward to 262144, backward 131072, mul_forward 131072, mul_backward
 // 65536, tiled beyond; a block per R rows forward, persistent on clusters and backward.
@@ -65,7 +65,8 @@ namespace polynorm {
 // for H = 2048-16384 against 1.07-1.13 at 8 packs (80 registers), backward 1.10-1.13 of an add
 // for 2048-8192 against 1.14-1.27 at 4 packs; fp32 alike; the fused op's backward 1.08-1.09 of
 // its floor at 2048-4096 against 1.13-1.26.
-// Other rows (odd H: they are never stored as whole packs, so every launch realigns them) take
+// Other rows ("odd H" below and elsewhere: H * element size not a multiple of 16, e.g. bf16 H =
+// 5125 but also 1004; they are never stored as whole packs, so every launch realigns them) take
 // the narrow builds, half as many packs at up to 80 registers in CTAs of up to 512 threads
 // (1024 without clusters): the wide realigning builds spill 230-620 bytes and ran odd H at 2.2-3.0
 // of a copy forward against 1.7-2.0 narrow (call 3). A row's packs, and so its bits, depend only

@@ -213,10 +213,11 @@ def forced_kernel(request):
 @pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
 @pytest.mark.parametrize("layout", ["contiguous", "misaligned"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("H", [1, 127, 769, 5125])
+@pytest.mark.parametrize("H", [1, 127, 769, 1024, 5125])
 def test_every_family_matches_the_oracle(forced_kernel, layout, dtype, H):
     # Each family serves these rows when forced, so the tiled kernels, which the table picks
-    # only for long rows, are checked at small H too.
+    # only for long rows, are checked at small H too; 1024 (whole packs) reaches the wide row
+    # builds, the others the narrow ones.
     assert plan("forward", H, dtype).startswith(forced_kernel + " ")
     gen = torch.Generator().manual_seed(seed_for("forced", forced_kernel, H, dtype, layout))
     x = make_rows(37, H, dtype, "cuda", layout, gen)
@@ -251,21 +252,24 @@ def test_packs_a_thread():
                 assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == packs // 2
 
 
-def test_tune_rows_sets_grid_and_clusters_never_packs():
+def test_tune_rows_splits_rows_never_changes_packs():
     tune = torch.ops.polynorm._tune_rows
-    default = {op: fields(plan(op, 4096, torch.bfloat16)) for op in OPS}
+    default = {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS}
     try:
         tune(0, False, 64, 16)
         for op in OPS:
-            f = fields(plan(op, 4096, torch.bfloat16))
+            f = fields(plan(op, 8192, torch.bfloat16))
             assert f["packs"] == default[op]["packs"] and f["G"] <= 64, (op, f)
+        # The backward at 8192 takes 128 threads of 8 packs: two CTAs of 64 under the tuning.
+        f = fields(plan("backward", 8192, torch.bfloat16))
+        assert (f["G"], f["cluster"]) == (64, 2) and default["backward"]["cluster"] == 1, f
         # The wide builds' CTAs hold at most 256 threads, whatever cta_threads says.
         tune(-1, True, 1024, 8)
         f = fields(plan("forward", 65536, torch.bfloat16))
         assert (f["G"], f["cluster"]) == (256, 2), f
     finally:
         tune()
-    assert {op: fields(plan(op, 4096, torch.bfloat16)) for op in OPS} == default
+    assert {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS} == default
     for args, message in TUNE_ROWS_ERRORS:
         with pytest.raises(ValueError) as raised:
             tune(*args)

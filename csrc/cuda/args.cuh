@@ -71,14 +71,17 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
   }
 }
 
-// Blocks of the <= 256-thread builds that must fit an SM at once: 3 caps them at 80
+// Blocks of the narrow <= 256-thread builds that must fit an SM at once: 3 caps them at 80
 // registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
 #ifndef POLYNORM_ROW_MIN_BLOCKS
 #define POLYNORM_ROW_MIN_BLOCKS 3
 #endif
 
-// The wide realigning builds' blocks (below): 2 (128 registers, where they spill 100-230 bytes)
-// unless set otherwise for measurements.
+// The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 100-470
+// bytes by dtype and op) unless set otherwise for measurements. Measured: at 1 (up to 255
+// registers, no spills) views ran slower (bench/NOTES.md v8, call 6). Keep it equal to the
+// aligned builds' 2: the backward's persistent grid is sized by each build's occupancy, and
+// dW and dB of a view match the aligned rows' bits only while the two grids match.
 #ifndef POLYNORM_WIDE_REALIGN_MIN_BLOCKS
 #define POLYNORM_WIDE_REALIGN_MIN_BLOCKS 2
 #endif
@@ -86,12 +89,11 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
 // (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
 // the wide builds (12 or more: 16 packs of PolyNorm's forward, 8 each of x and grad_y
-// backward, ...); 3 (80 registers) from 6 packs (the narrow builds); 4 (64 registers) for fewer.
+// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow ones (6 or 8).
 constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
   return max_threads != 256              ? 1
          : packs_held >= kRowWidePacks ? (realign ? POLYNORM_WIDE_REALIGN_MIN_BLOCKS : 2)
-         : packs_held >= 6             ? POLYNORM_ROW_MIN_BLOCKS
-                                       : 4;
+                                       : POLYNORM_ROW_MIN_BLOCKS;
 }
 
 }  // namespace

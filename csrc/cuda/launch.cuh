@@ -16,21 +16,23 @@
 // Two kernel families, chosen by H, the dtype and whether the device launches clusters alone
 // (so a row's bits never depend on its batch or on M):
 // - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row held in registers by G threads, read
-//   from device memory once; see "Row kernels (v5)" in packs.cuh. A row longer than one CTA
-//   takes (past 512 threads forward, 256 backward) is split over a thread-block cluster of up
+//   from device memory once; see "Row kernels (v5, v8)" in packs.cuh. A row longer than one
+//   CTA takes (the table in launch_plan.h: past 256 threads for the wide builds; past 512
+//   forward and 256 backward for the narrow ones) is split over a thread-block cluster of up
 //   to 8 CTAs that add their sums through distributed shared memory (sm_90 and later; bf16:
 //   H <= 262144 forward, 131072 backward). Almost every model runs here.
 // - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row (on devices without
-//   clusters, any row past one CTA of 1024 threads), walked twice when it exceeds the
-//   registers of a 1024-thread group.
+//   clusters, any row past one CTA: 256 threads wide, 1024 narrow), walked twice when it
+//   exceeds the registers of a 1024-thread group.
 // Common to both:
 // - Every warp access is 512 contiguous bytes (row kernels: a warp segment's lanes; tiled:
 //   lane t of G owns packs t, t + G, ...); each per-thread sum runs over its packs in order
 //   and the reduction has a fixed shape, set by the launch plan: results are bitwise the same
 //   whatever the batch, the alignment of the row, or the run.
 // - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
-//   64-bit; dW and dB come from per-block partials that the backward's last block sums
-//   in block order (finish_param_grads): one launch, and the same bits on every run
+//   64-bit; dW and dB come from per-block partials that the backward's last block sums in a
+//   fixed order set by the grid and block sizes (finish_param_grads): one launch, and the
+//   same bits on every run
 //   (grouped: per-row terms, summed per expert by a second kernel, grouped_param_sums).
 // bench/NOTES.md records each version's prediction and measured outcome.
 #pragma once
@@ -97,8 +99,9 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 //   16-byte boundary), in blocks of up to 256 threads (up to 128 registers a thread). Such rows
 //   never take the same-phase path (the output's rows are aligned, so only aligned inputs
 //   start alike), which the realigned build serves too.
-// - narrow (odd H: every launch realigns): realigned or same-phase rows, in blocks of up to 256
-//   threads (80 registers) or 1024 (64, where a few values spill to local memory).
+// - narrow (rows not of whole packs, launch_plan.h: every launch realigns): realigned or
+//   same-phase rows, in blocks of up to 256 threads (80 registers) or 1024 (64 registers,
+//   where ptxas spills 60-450 bytes).
 template <template <int, int> class Build, bool kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
@@ -412,7 +415,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // Wide builds (kPacks) for rows of whole packs, narrow ones (half) for odd H.
+      // Wide builds (kPacks) for rows of whole packs, narrow ones (half) for the others (launch_plan.h).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
