@@ -104,13 +104,14 @@ constexpr int kRowMaxCluster = 8;
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; and the largest cluster. Defined in
-// polynorm.cpp.
+// rows; the CTA size past which a row is split; the largest cluster; and the forward's rows a
+// block. Defined in polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
+  int block_rows;   // forward, rows of one CTA: at most this many rows a block (0 = the table's, 128 / G)
 };
 RowTuning row_tuning();
 

@@ -195,6 +195,7 @@ from _matrix import (  # noqa: E402
     check_against_oracle_mul,
     make_params,
     make_rows,
+    poisoned_outputs,
     requires_cuda,
     run_backend,
     run_backend_mul,
@@ -238,6 +239,26 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
     again = run_backend("cuda", x, g, w, b, 1e-6)
     for name in ("y", "dx", "dw", "db"):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@requires_cuda
+@pytest.mark.parametrize("H", [1024, 5125])
+def test_rows_a_block_change_no_bits(H):
+    # _tune_rows(block_rows=k): at most k rows a forward block (a bench switch for small
+    # batches, bench/NOTES.md v8). The rows of a block share nothing, so y and rstd keep their bits.
+    gen = torch.Generator().manual_seed(seed_for("block-rows", H))
+    x = make_rows(300, H, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    with poisoned_outputs():
+        y0, r0 = torch.ops.polynorm.forward(x, w, b, 1e-6)
+        try:
+            for k in (1, 2, 4, 8):
+                torch.ops.polynorm._tune_rows(block_rows=k)
+                y, r = torch.ops.polynorm.forward(x, w, b, 1e-6)
+                assert torch.equal(y, y0) and torch.equal(r, r0), k
+        finally:
+            torch.ops.polynorm._tune_rows()
+    assert torch.isfinite(y0).all() and torch.isfinite(r0).all()
 
 
 def test_packs_a_thread():
@@ -284,6 +305,8 @@ TUNE_ROWS_ERRORS = [
     ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
     ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
     ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
+    ((-1, True, 0, 0, 3), "polynorm._tune_rows: expected block_rows to be 0 or a power of two up to 128, got 3"),
+    ((-1, True, 0, 0, 256), "polynorm._tune_rows: expected block_rows to be 0 or a power of two up to 128, got 256"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

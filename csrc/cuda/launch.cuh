@@ -245,8 +245,15 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                         scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
                         const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping, int64_t M,
                         int64_t H, double eps, cudaStream_t stream) {
-  const RowPlan& row = lp.row;
   const RowTuning tuning = row_tuning();
+  // Bench tuning (_tune_rows(block_rows=k)): at most k rows a block (at least a warp's worth),
+  // so that small batches spread over more SMs; the rows of a block share nothing but their
+  // launch, so no bit depends on it.
+  RowPlan row = lp.row;
+  if (tuning.block_rows > 0 && row.cluster == 1 && row.threads > row.G) {
+    const int rows = std::max(std::min(row.threads / row.G, tuning.block_rows), std::max(1, 32 / row.G));
+    row.threads = row.G * rows;
+  }
   const bool realign = !x_vec_ok || !y_vec_ok;
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
