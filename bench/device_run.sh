@@ -17,7 +17,6 @@
 #   sweep    bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
 #   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
 #   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
-#   rows     bench/row_probe.py rows: the forward's rows a block at M = 2048 (block_rows), ~30 s
 #   variants    bench/variants_timing.py: both CUDA kernel families (row, tiled) forced at each H, ~30 s
 #   tune        bench/tune_rows.py: the row kernels' tunings side by side, ~1 min
 #   grouped     bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
@@ -106,9 +105,6 @@ for stage in "${stages[@]}"; do
     mul_bench)
       timeout 150 python3 bench/bench.py --op poly_norm_mul --quick --out "$OUT/bench_mul" > "$OUT/bench_mul.log" 2>&1
       echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
-    rows)
-      # The forward's rows a block at the seed shapes (_tune_rows(block_rows=k), bench/NOTES.md v8).
-      timeout 90 python3 bench/row_probe.py rows --H 1024 2048 4096 8192 2>&1 | tee "$OUT/probe_rows.log" ;;
     variants)
       timeout 150 python3 bench/variants_timing.py 2>&1 | tee "$OUT/variants_timing.log" ;;
     tune)

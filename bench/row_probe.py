@@ -7,14 +7,11 @@ bytes, timed in the same run (medians of ``triton.testing.do_bench``), bf16:
   persistent grid leaves SMs part-empty)? Sweeps M around 2^26 / H at fixed H.
 - ``grid``: the forward's and backward's grid (``_tune_rows(grid_waves=...)``): persistent (1),
   two waves (2), a block per row group (0).
-- ``rows``: the forward's rows a block (``_tune_rows(block_rows=k)``, 0: the table's 128 / G) at
-  the seed shapes, M = 2048, where 128 / G rows a block can leave SMs without a block.
 - ``compile``: ``torch.compile`` of the eager formula (``polynorm.reference.poly_norm``), forward
   only, on the same shapes; with ``--code DIR`` it writes inductor's generated kernels there,
   so that its launch geometry can be read.
 
     python3 bench/row_probe.py rounds grid compile --H 2048 8192 16384 --code out/inductor
-    python3 bench/row_probe.py rows --H 1024 2048 4096
 """
 
 import argparse
@@ -78,27 +75,6 @@ def grid(hs: list[int]) -> None:
         torch.ops.polynorm._tune_rows()
 
 
-def block_rows(hs: list[int], M: int = 2048) -> None:
-    print(f"## rows: _tune_rows(block_rows=k), forward / copy at M = {M} (0: the table's)")
-    print("| H | copy us | " + " | ".join(f"k={k}" for k in ROWS) + " |")
-    print("|---|---|" + "---|" * len(ROWS))
-    try:
-        for H in hs:
-            x, _, weight, bias = inputs(M, H)
-            out = torch.empty_like(x)
-            t_copy = bench(lambda: out.copy_(x))
-            cells = []
-            for k in ROWS:
-                torch.ops.polynorm._tune_rows(block_rows=k)
-                cells.append(f"{bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)) / t_copy:.3f}")
-            print(f"| {H} | {t_copy * 1e3:.1f} | " + " | ".join(cells) + " |", flush=True)
-    finally:
-        torch.ops.polynorm._tune_rows()
-
-
-ROWS = (0, 16, 8, 4, 2, 1)
-
-
 def compiled(hs: list[int], code_dir: str | None) -> None:
     print("## compile: torch.compile(reference.poly_norm) forward / copy, and polynorm's forward / copy, same run")
     print("| H | M | copy us | compile x | polynorm x |")
@@ -125,7 +101,7 @@ def compiled(hs: list[int], code_dir: str | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("probes", nargs="+", choices=("rounds", "grid", "rows", "compile"))
+    parser.add_argument("probes", nargs="+", choices=("rounds", "grid", "compile"))
     parser.add_argument("--H", type=int, nargs="+", default=[2048, 8192, 16384])
     parser.add_argument("--code", help="folder for inductor's generated code (compile)")
     args = parser.parse_args()
@@ -135,7 +111,6 @@ def main() -> None:
         run = {
             "rounds": lambda: rounds(args.H),
             "grid": lambda: grid(args.H),
-            "rows": lambda: block_rows(args.H),
             "compile": lambda: compiled(args.H, args.code),
         }
         run[probe]()

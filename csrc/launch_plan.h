@@ -5,7 +5,9 @@
 // The table. H is for bf16/fp16 rows; fp32 rows hold half as many elements (halve every H
 // below), fp64 a quarter. The kernels are in csrc/cuda/ (forward.cuh, backward.cuh).
 //
-// Rows of whole 16-byte packs (bf16: H a multiple of 8), the wide builds:
+// Every row takes the wide builds (below) but PolyNorm's forward of 2-byte rows not of whole
+// 16-byte packs ("odd H": H * element size not a multiple of 16, bf16 H not a multiple of 8),
+// which takes the narrow build (row_packs says why):
 //
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
@@ -18,6 +20,9 @@
 //                |                   |                                | against 1.37 a cluster per row)
 //                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
+//   forward, odd | H <= 262144       | row, narrow: 8 packs a thread, | CTAs of up to 512 threads (80 registers
+//   H, 2-byte    |                   | one CTA or a cluster of <= 8   | up to 256, 64 beyond), split past 512;
+//                |                   | CTAs of <= 512 threads         | a block per R rows, persistent on clusters
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
 //                |                   | persistent                     | a block per row: 1.5-1.7 of an add
 //                | 16384 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads
@@ -29,18 +34,15 @@
 //                | <= 65536, beyond  | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
-// Other rows ("odd H": H not a multiple of 16 / element size, bf16 8), the narrow builds: half the packs, CTAs of up to 512 threads, split past
-// 512 threads (forward, mul_forward) or 256 (backward, mul_backward) over clusters of up to 8
-// CTAs of up to 512; bf16: forward to 262144, backward 131072, mul_forward 131072, mul_backward
-// 65536, tiled beyond; a block per R rows forward, persistent on clusters and backward.
-//
+// Odd-H rows hold one more chunk than packs at most, so the bounds above shift by a chunk.
+
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16385 takes 288); blocks of 128 / G
 //   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (wide) or 512
 //   (narrow) threads each (row_plan).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
-//   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192) and 1024 narrow, the
-//   tiled kernels beyond.
+//   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward
+//   1024 threads, 65536), the tiled kernels beyond.
 // - bench/NOTES.md, v6 and v8, has the measurements (bf16, M·H = 2^26, kernel time over a copy
 //   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
@@ -57,20 +59,16 @@
 namespace polynorm {
 
 // Row kernels: a row held in registers by G threads, kPacks 16-byte packs per thread and
-// tensor. Rows of whole packs (H * element size a multiple of 16 bytes) take the wide builds:
-// 16 packs held a thread (256 bytes: PolyNorm's forward 16 of x, its backward 8 each of x and
-// grad_y; the fused op's forward 8 each of x and mul; its backward 4 each of x, grad_out and
-// mul; 12) at up to 128 registers, in CTAs of at most 256 threads. Measured on an H200
-// (bench/NOTES.md, v8, h200-2026-12-01b/call2-3, bf16 at M·H = 2^26): forward 1.05-1.07 of a copy
-// for H = 2048-16384 against 1.07-1.13 at 8 packs (80 registers), backward 1.10-1.13 of an add
-// for 2048-8192 against 1.14-1.27 at 4 packs; fp32 alike; the fused op's backward 1.08-1.09 of
-// its floor at 2048-4096 against 1.13-1.26.
-// Other rows ("odd H" below and elsewhere: H * element size not a multiple of 16, e.g. bf16 H =
-// 5125 but also 1004; they are never stored as whole packs, so every launch realigns them) take
-// the narrow builds, half as many packs at up to 80 registers in CTAs of up to 512 threads
-// (1024 without clusters): the wide realigning builds spill 230-620 bytes and ran odd H at 2.2-3.0
-// of a copy forward against 1.7-2.0 narrow (call 3). A row's packs, and so its bits, depend only
-// on H and the dtype, whatever its alignment.
+// tensor. The wide builds hold 16 packs a thread (256 bytes: PolyNorm's forward 16 of x, its
+// backward 8 each of x and grad_y; the fused op's forward 8 each of x and mul; its backward 4
+// each of x, grad_out and mul; 12) at up to 128 registers, in CTAs of at most 256 threads.
+// Measured on an H200 (bench/NOTES.md, v8, h200-2026-12-01b/call2-3, bf16 at M·H = 2^26): forward
+// 1.05-1.07 of a copy for H = 2048-16384 against 1.07-1.13 at 8 packs (80 registers), backward
+// 1.10-1.13 of an add for 2048-8192 against 1.14-1.27 at 4 packs; fp32 alike; the fused op's
+// backward 1.08-1.09 of its floor at 2048-4096 against 1.13-1.26. The narrow build (PolyNorm's
+// forward of 2-byte odd-H rows, row_packs) holds half as many at up to 80 registers in CTAs of
+// up to 512 threads (1024 without clusters). A row's packs, and so its bits, depend only on the
+// op, H and the dtype, whatever its alignment.
 constexpr int kRowFwdPacks = 16;     // wide: 256 bytes of x per thread
 constexpr int kRowBwdPacks = 8;      // wide: 128 bytes each of x and grad_y per thread
 constexpr int kRowMulFwdPacks = 8;   // wide: x and mul
@@ -104,14 +102,13 @@ constexpr int kRowMaxCluster = 8;
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; the largest cluster; and the forward's rows a
-// block. Defined in polynorm.cpp.
+// rows; the CTA size past which a row is split; and the largest cluster. Defined in
+// polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
-  int block_rows;   // forward, rows of one CTA: at most this many rows a block (0 = the table's, 128 / G)
 };
 RowTuning row_tuning();
 
@@ -203,11 +200,18 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
                   row_max_cluster(clusters));
 }
 
-// Packs a thread of the row kernels for one op and row: the wide builds' for rows of whole
-// packs, half as many (the narrow builds) for the others.
+// Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not
+// of whole packs (every launch realigns them) hold at most 64 elements a thread (4 x the element
+// size in packs): PolyNorm's forward of 2-byte rows then takes the narrow build (8 packs). Its
+// realigned sums (a shuffle and a realignment a pack) and the idle slots of its rounded G cost
+// issue slots that 16 packs of 8 elements a thread cannot spare (bench/NOTES.md v9, call 2: bf16
+// H = 4097 / 5125 forward 1.61 / 1.37 of a copy at 8 packs against 1.90 / 1.63 at 16); every
+// other op and dtype holds 64 elements or fewer a thread at the wide count and is faster wide
+// (backward 5125 / 16385: 1.72 / 1.69 of an add against 1.93 / 1.86 at 4 packs; fp32 forward
+// 4097: 1.23 against 1.32; the fused op 10-25% faster both ways).
 inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
-  return whole_packs(H, elem_size) ? wide : wide / 2;
+  return whole_packs(H, elem_size) ? wide : std::min(wide, 4 * elem_size);
 }
 
 // The smallest power-of-two G that covers the row's packs with packs_per_thread packs per

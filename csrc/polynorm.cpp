@@ -189,15 +189,13 @@ std::atomic<int> g_grid_waves{-1};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
-std::atomic<int> g_block_rows{0};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
 // of a row in one CTA before the row is split over a thread-block cluster (0 = the table's; the
 // wide builds cap it at 256), the largest cluster (0 = the table's; 16 is not portable: the
-// launch checks that it fits), and the forward's rows a block (0 = the table's, 128 / G; k: at
-// most k, at least a warp's worth of threads). Process-wide; _tune_rows() restores the defaults.
-void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, int64_t block_rows) {
+// launch checks that it fits). Process-wide; _tune_rows() restores the defaults.
+void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -206,14 +204,10 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
-  TORCH_CHECK_VALUE(block_rows >= 0 && block_rows <= kRowMinThreads && (block_rows & (block_rows - 1)) == 0,
-                    "polynorm._tune_rows: expected block_rows to be 0 or a power of two up to ",
-                    num(int64_t{kRowMinThreads}), ", got ", num(block_rows));
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
-  g_block_rows.store(static_cast<int>(block_rows));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
@@ -259,8 +253,7 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load(std::memory_order_relaxed)); }
 RowTuning row_tuning() {
   return {g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
-          g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed),
-          g_block_rows.load(std::memory_order_relaxed)};
+          g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -293,7 +286,7 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
 TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
-  m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, int block_rows=0) -> ()",
+  m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -195,3 +195,26 @@ def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift)
     moved = run_backend(backend, x_mis, g_mis, w, b, 1e-6)
     for name in ("y", "dx", "dw", "db"):
         assert torch.equal(getattr(aligned, name), getattr(moved, name)), name
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H", [1024, 4097])
+def test_param_grads_of_many_rows_do_not_depend_on_the_layout(dtype, H):
+    # M far above the blocks the backward's persistent grid keeps resident, so each block sums
+    # many rows into its dW/dB partial: the grid, and so the order of those sums, must be the
+    # same whichever build serves the layout (H = 1024: the aligned and realigned builds; 4097:
+    # the same-phase build for contiguous rows, the realigned one for the views).
+    gen = torch.Generator().manual_seed(seed_for("param-grads-layout", dtype, H))
+    M = 8192
+    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    shifted = torch.empty(M * H + 1, dtype=dtype, device="cuda")[1:].view(M, H)
+    strided = torch.empty(M, H + 3, dtype=dtype, device="cuda")[:, 1 : H + 1]
+    reference = run_backend("cuda", x, g, w, b, 1e-6)
+    for name, x_view in (("shifted", shifted), ("strided", strided)):
+        x_view.copy_(x)
+        moved = run_backend("cuda", x_view, g, w, b, 1e-6)
+        for out in ("y", "dx", "dw", "db"):
+            assert torch.equal(getattr(reference, out), getattr(moved, out)), f"{name}: {out}"

@@ -19,20 +19,18 @@ import polynorm  # noqa: F401  (registers the ops)
 plan = torch.ops.polynorm._launch_plan
 force = torch.ops.polynorm._force_kernel
 
-# csrc/launch_plan.h: rows of whole 16-byte packs take the wide builds, odd ones the narrow
-# builds (half the packs). By op: the wide and narrow packs a thread, and each class's (most
+# csrc/launch_plan.h: every row takes the wide builds, but PolyNorm's forward of 2-byte rows not
+# of whole 16-byte packs ("odd"), which takes the narrow build (half the packs): rows not of whole
+# packs hold at most 64 elements a thread (row_packs). By op: the wide packs a thread and the
+# tensors a thread holds (a build holding 12 packs or more is wide), and each class's (most
 # threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
-# split past them; narrow ones hold up to 1024 without clusters, and with clusters split past
-# 512 threads forward and 256 backward over CTAs of up to 512. On devices that launch clusters
-# (sm_90 and later; `clusters=False`: older ones) a row splits over up to MAX_CLUSTER CTAs.
+# split past them; the narrow forward's hold up to 1024 without clusters, and with clusters
+# split past 512 threads over CTAs of up to 512. On devices that launch clusters (sm_90 and
+# later; `clusters=False`: older ones) a row splits over up to MAX_CLUSTER CTAs.
 PACKS = {"forward": 16, "backward": 8, "mul_forward": 8, "mul_backward": 4}  # kRow*Packs
+HELD = {"forward": 1, "backward": 2, "mul_forward": 2, "mul_backward": 3}  # tensors held a thread
 WIDE = (256, 256, 256)  # kRowWideThreads
-NARROW = {
-    "forward": (1024, 512, 512),  # kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
-    "backward": (1024, 256, 512),  # kRowBwdSplit
-    "mul_forward": (1024, 512, 512),
-    "mul_backward": (1024, 256, 512),
-}
+NARROW = (1024, 512, 512)  # the narrow forward: kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
 MAX_CLUSTER = 8  # kRowMaxCluster
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 OPS = tuple(PACKS)
@@ -43,17 +41,24 @@ def elem_size(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
+def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
+    """Packs a thread: the wide count, at most 64 elements (4 x the element size in packs) for odd rows."""
+    if H * elem_size(dtype) % 16 == 0:
+        return PACKS[op]
+    return min(PACKS[op], 4 * elem_size(dtype))
+
+
 def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
     """(packs a thread, most threads of one CTA, split, cluster CTA size) of a row of H."""
-    if H * elem_size(dtype) % 16 == 0:
-        return (PACKS[op], *WIDE)
-    return (PACKS[op] // 2, *NARROW[op])
+    packs = packs_of(op, dtype, H)
+    return (packs, *(WIDE if packs * HELD[op] >= 12 else NARROW))
 
 
 def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
     """The longest row of one CTA without clusters, in elements: whole packs (wide) or odd."""
-    packs, most = (PACKS[op], WIDE[0]) if wide else (PACKS[op] // 2, NARROW[op][0])
-    return most * packs * (16 // elem_size(dtype)) - (0 if wide else 1)
+    vec = 16 // elem_size(dtype)
+    packs, most = geometry(op, dtype, vec if wide else vec + 1)[:2]
+    return most * packs * vec - (0 if wide else 1)
 
 
 def fields(text: str) -> dict:
@@ -195,7 +200,6 @@ from _matrix import (  # noqa: E402
     check_against_oracle_mul,
     make_params,
     make_rows,
-    poisoned_outputs,
     requires_cuda,
     run_backend,
     run_backend_mul,
@@ -217,8 +221,9 @@ def forced_kernel(request):
 @pytest.mark.parametrize("H", [1, 127, 769, 1024, 5125])
 def test_every_family_matches_the_oracle(forced_kernel, layout, dtype, H):
     # Each family serves these rows when forced, so the tiled kernels, which the table picks
-    # only for long rows, are checked at small H too; 1024 (whole packs) reaches the wide row
-    # builds, the others the narrow ones.
+    # only for long rows, are checked at small H too; 1024 (whole packs) reaches the aligned
+    # and realigned wide builds, the odd H the same-phase and realigned ones (the narrow build
+    # in the bf16 forward).
     assert plan("forward", H, dtype).startswith(forced_kernel + " ")
     gen = torch.Generator().manual_seed(seed_for("forced", forced_kernel, H, dtype, layout))
     x = make_rows(37, H, dtype, "cuda", layout, gen)
@@ -241,36 +246,18 @@ def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
         assert torch.equal(getattr(first, name), getattr(again, name)), name
 
 
-@requires_cuda
-@pytest.mark.parametrize("H", [1024, 5125])
-def test_rows_a_block_change_no_bits(H):
-    # _tune_rows(block_rows=k): at most k rows a forward block (a bench switch for small
-    # batches, bench/NOTES.md v8). The rows of a block share nothing, so y and rstd keep their bits.
-    gen = torch.Generator().manual_seed(seed_for("block-rows", H))
-    x = make_rows(300, H, torch.bfloat16, "cuda", "contiguous", gen)
-    w, b = make_params(torch.float32, "cuda", gen)
-    with poisoned_outputs():
-        y0, r0 = torch.ops.polynorm.forward(x, w, b, 1e-6)
-        try:
-            for k in (1, 2, 4, 8):
-                torch.ops.polynorm._tune_rows(block_rows=k)
-                y, r = torch.ops.polynorm.forward(x, w, b, 1e-6)
-                assert torch.equal(y, y0) and torch.equal(r, r0), k
-        finally:
-            torch.ops.polynorm._tune_rows()
-    assert torch.isfinite(y0).all() and torch.isfinite(r0).all()
-
-
 def test_packs_a_thread():
     # Rows of whole packs: PolyNorm 16 packs of x a thread forward, 8 each of x and grad_y
     # backward; the fused op 8 each of x and mul forward, 4 each of x, grad_out and mul
-    # backward. Odd rows: half as many. For every dtype, whatever the output's alignment.
+    # backward. Odd rows: the same but for PolyNorm's forward of 2-byte rows (8, the narrow
+    # build; at most 64 elements a thread). For every dtype, whatever the output's alignment.
     for dtype in FLOAT_DTYPES:
         vec = 16 // elem_size(dtype)
         for op, packs in PACKS.items():
+            odd = packs // 2 if op == "forward" and elem_size(dtype) == 2 else packs
             for misaligned in (False, True):
                 assert fields(plan(op, 64 * vec, dtype, out_misaligned=misaligned))["packs"] == packs, (op, dtype)
-                assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == packs // 2
+                assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == odd, (op, dtype)
 
 
 def test_tune_rows_splits_rows_never_changes_packs():
@@ -305,8 +292,6 @@ TUNE_ROWS_ERRORS = [
     ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
     ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
     ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
-    ((-1, True, 0, 0, 3), "polynorm._tune_rows: expected block_rows to be 0 or a power of two up to 128, got 3"),
-    ((-1, True, 0, 0, 256), "polynorm._tune_rows: expected block_rows to be 0 or a power of two up to 128, got 256"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

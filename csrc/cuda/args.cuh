@@ -79,9 +79,9 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 
 // The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 100-470
 // bytes by dtype and op) unless set otherwise for measurements. Measured: at 1 (up to 255
-// registers, no spills) views ran slower (bench/NOTES.md v8, call 6). Keep it equal to the
-// aligned builds' 2: the backward's persistent grid is sized by each build's occupancy, and
-// dW and dB of a view match the aligned rows' bits only while the two grids match.
+// registers, no spills) views ran slower (bench/NOTES.md v8, call 6). The backward's persistent
+// grid is sized by the aligned build whatever the layout (launch_backward_row), so the bits of dW
+// and dB do not depend on it.
 #ifndef POLYNORM_WIDE_REALIGN_MIN_BLOCKS
 #define POLYNORM_WIDE_REALIGN_MIN_BLOCKS 2
 #endif

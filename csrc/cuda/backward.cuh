@@ -242,7 +242,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_realign_arg,
-    bool same_phase_arg,                                 // every tensor's rows start alike in their chunks
     ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
@@ -259,7 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool g_realign = kLayout == kRealigned && g_realign_arg;
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
-  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
+  constexpr bool same_phase = kLayout == kSamePhase;
 
   const RowLane rl = row_lane<kPacks>(G, C);
   const int R = blockDim.x / G;
@@ -323,7 +322,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       return P::value(gp, k);
     };
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
-    if (!same_phase) {
+    if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      mask_row_end(xb, x_ext, end, rl, true);
+      mask_row_end(gb, g_ext, end, rl, true);
+      if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
+    } else {
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
       finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
     }
@@ -333,12 +337,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const int p = rl.base + i * rl.W;
-      const Pack xi = same_phase ? mask_pack<scalar_t>(realigned_pack(xb, x_ext, i, shift, rl), p, H) : xb[i];
-      const Pack gi = same_phase ? mask_pack<scalar_t>(realigned_pack(gb, g_ext, i, shift, rl), p, H) : gb[i];
+      const Pack xi = same_phase ? realigned_pack(xb, x_ext, i, shift, rl) : xb[i];
+      const Pack gi = same_phase ? realigned_pack(gb, g_ext, i, shift, rl) : gb[i];
       Pack mi = mb[kMul ? i : 0];
       if constexpr (kMul) {
-        if (same_phase) mi = mask_pack<scalar_t>(realigned_pack(mb, m_ext, i, shift, rl), p, H);
+        if (same_phase) mi = realigned_pack(mb, m_ext, i, shift, rl);
       }
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
@@ -397,7 +400,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
       });
     };
-    if (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
+    if constexpr (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       const int chunks = (end + 15) / 16;
       Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(grad_x + r * H) - shift);
@@ -416,19 +419,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), shift, end);
         if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), shift, end);
       }
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(xb[i]);
-      keep_raw(gb[i]);
-      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;  // never stored
-      const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
-      xb[i] = dx_of(xp, gp, mp);
-      if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;  // never stored
+        const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
+        xb[i] = dx_of(xp, gp, mp);
+        if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
+      }
+      store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
+      if constexpr (kMul) {
+        store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
+      }
     }
-    store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
-    if constexpr (kMul) store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
   }
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums

@@ -176,7 +176,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     bool x_realign_arg,                            // some x rows are not 16-byte aligned
     scalar_t* __restrict__ y,                      // [M, H] contiguous
     bool y_realign_arg,                            // y rows are not all aligned, or H % VEC != 0
-    bool same_phase_arg,                           // x, y (and mul) rows start alike in their chunks
     at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
     ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
     ParamRef bias,                                 // (1,) any float dtype
@@ -197,7 +196,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool kRealign = kLayout != kAligned;
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool y_realign = kLayout == kRealigned && y_realign_arg;
-  const bool same_phase = kLayout == kSamePhase && same_phase_arg;
+  constexpr bool same_phase = kLayout == kSamePhase;
 
   const RowLane rl = row_lane<kPacks>(G, C);
   const int R = blockDim.x / G;
@@ -251,15 +250,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       }
     }
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
-    if (!same_phase) finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
+    if constexpr (same_phase) {
+      // The chunks as loaded, zero past the row's end (mul's too: its realigned packs reach the sums).
+      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+      mask_row_end(buf, ext, end, rl, true);
+      if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
+    } else {
+      finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
+    }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const Pack in = same_phase ? mask_pack<scalar_t>(realigned_pack(buf, ext, i, shift, rl), rl.base + i * rl.W, H)
-                                 : buf[i];
+      const Pack in = same_phase ? realigned_pack(buf, ext, i, shift, rl) : buf[i];
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
         const acc_t v = P::value(in, k);
@@ -298,7 +303,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       });
     };
     scalar_t* y_row = y + (active ? row : 0) * H;
-    if (same_phase) {
+    if constexpr (same_phase) {
       // Chunk p of y from chunk p of x (and mul); the chunk after the last segment, held in
       // ext by its last lane only, when the row reaches into it.
       Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(y_row) - shift);
@@ -313,14 +318,14 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
         store_own_chunk<scalar_t>(dst, rl.seg_end, output(ext, m_ext), shift, end);
       }
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(buf[i]);
-      if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(buf[i]);
+        if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
+      }
+      store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
     }
-    store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
   }
 }
 

@@ -94,20 +94,20 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // as many blocks as fit at once (their register use caps it: 64-128 a thread), each walking
 // rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
-// The builds of each row kernel (launch_plan.h says which rows take which):
-// - wide (rows of whole packs): aligned rows, or realigned ones (a view that starts off a
-//   16-byte boundary), in blocks of up to 256 threads (up to 128 registers a thread). Such rows
-//   never take the same-phase path (the output's rows are aligned, so only aligned inputs
-//   start alike), which the realigned build serves too.
-// - narrow (rows not of whole packs, launch_plan.h: every launch realigns): realigned or
-//   same-phase rows, in blocks of up to 256 threads (80 registers) or 1024 (64 registers,
-//   where ptxas spills 60-450 bytes).
+// The builds of each row kernel (launch_plan.h, row_packs, says which rows take which):
+// - wide (every row but those of the narrow builds): aligned rows; realigned ones (a view
+//   that starts off a 16-byte boundary, rows of odd H in tensors whose rows start unlike);
+//   same-phase rows (odd H in contiguous tensors). Blocks of up to 256 threads, up to 128
+//   registers a thread.
+// - narrow (PolyNorm's forward of 2-byte rows not of whole packs): realigned or same-phase
+//   rows, in blocks of up to 256 threads (80 registers) or 1024 (64 registers).
 template <template <int, int> class Build, bool kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
   if constexpr (kWide) {
     TORCH_INTERNAL_ASSERT(small, "polynorm: a wide row build launched with ", num(plan.threads), " threads");
-    return layout == kAligned ? Build<kAligned, 256>::get() : Build<kRealigned, 256>::get();
+    if (layout == kAligned) return Build<kAligned, 256>::get();
+    return layout == kSamePhase ? Build<kSamePhase, 256>::get() : Build<kRealigned, 256>::get();
   } else {
     if (layout == kSamePhase) return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
     return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
@@ -171,6 +171,20 @@ struct RowLaunch {
   RowLaunch& operator=(const RowLaunch&) = delete;
 };
 
+// Lets a kernel launch clusters of more than 8 CTAs (not portable; only a tuning asks for
+// them), once a device and kernel.
+template <typename Kernel>
+void allow_cluster(Kernel kernel, const RowPlan& plan) {
+  if (plan.cluster <= 8) return;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::pair<int, const void*>, bool> done;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!done.emplace(std::make_pair(device, reinterpret_cast<const void*>(kernel)), true).second) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+}
+
 // Clusters of a row kernel resident on the device at once (cached per device, kernel and
 // geometry); clusters of more than 8 CTAs (not portable) are allowed for the kernel first.
 // Zero when the device cannot place one such cluster: plan_row_launch's error.
@@ -185,9 +199,7 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
-  if (plan.cluster > 8) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  }
+  allow_cluster(kernel, plan);
   const RowLaunch launch(plan, plan.cluster, smem, nullptr);
   int clusters = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
@@ -222,6 +234,7 @@ void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t g
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
+  allow_cluster(kernel, plan);  // the grid may have been sized by another build (launch_backward_row)
   const RowLaunch launch(plan, grid, smem, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
@@ -246,14 +259,7 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                         const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping, int64_t M,
                         int64_t H, double eps, cudaStream_t stream) {
   const RowTuning tuning = row_tuning();
-  // Bench tuning (_tune_rows(block_rows=k)): at most k rows a block (at least a warp's worth),
-  // so that small batches spread over more SMs; the rows of a block share nothing but their
-  // launch, so no bit depends on it.
-  RowPlan row = lp.row;
-  if (tuning.block_rows > 0 && row.cluster == 1 && row.threads > row.G) {
-    const int rows = std::max(std::min(row.threads / row.G, tuning.block_rows), std::max(1, 32 / row.G));
-    row.threads = row.G * rows;
-  }
+  const RowPlan& row = lp.row;
   const bool realign = !x_vec_ok || !y_vec_ok;
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
@@ -271,7 +277,7 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
   const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
-  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, same_phase, rstd,
+  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
                     weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
 }
 
@@ -313,14 +319,19 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   // Persistent (a block per row: 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
+  // The grid, and so the order in which dW and dB are summed, is sized by one build for every
+  // layout of a row (the aligned build for rows of whole packs, the realigned one for others),
+  // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy.
+  static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");
+  const auto sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, kAligned);
   const int waves = row_tuning().grid_waves;
-  const int64_t blocks = row_grid(kernel, row, M, smem, waves >= 0 ? waves : 1);
+  const int64_t blocks = row_grid(sizing, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, same_phase, pg, mul, grouping, M, H, row.G, row.cluster);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
 }
 
 // Arrival counters for the backward's last-block reduction (finish_param_grads), in static
@@ -428,8 +439,11 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
             grouping, rows.M, rows.H, eps, stream);
       };
-      if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
-      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      // The narrow build (half the packs): PolyNorm's forward of 2-byte rows not of whole packs.
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
+      }
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
       return launch(std::integral_constant<int, kPacks>{});
     }
     const dim3 block(lp.tiled.G, lp.tiled.rows);
@@ -498,8 +512,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
-      if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});  // odd H
-      TORCH_INTERNAL_ASSERT(lp.packs == kPacks);
+      TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no backward build of ", num(lp.packs), " packs");
       launch(std::integral_constant<int, kPacks>{});
     } else {
       const dim3 block(lp.tiled.G, lp.tiled.rows);

@@ -264,12 +264,48 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   }
 }
 
+// Zeroes what a row's chunks hold past its end, once a row: the bytes from `end` (the row's end,
+// in bytes from its first chunk) of the chunk that holds its last byte. Chunks past that one
+// were never loaded (zeros), so every pack realigned from the chunks reads zeros past the row
+// and the sums need no per-pack test. Only the lane that holds that chunk (in a slot, or in
+// `ext` when `has_ext`) does any work; the others skip it in one branch.
+template <int kPacks>
+__device__ __forceinline__ void mask_row_end(Pack (&buf)[kPacks], Pack& ext, int end, const RowLane& rl,
+                                             bool has_ext) {
+  const int last = end > 0 ? (end - 1) / 16 : 0;  // the chunk of the row's last byte
+  const int keep = end - 16 * last;               // its bytes that are the row's: 1..16 (0: no row)
+  if (keep == 16) return;
+  const int off = last - rl.base;
+  const bool in_slot = off >= 0 && off % rl.W == 0 && off / rl.W < kPacks;
+  const bool in_ext = has_ext && rl.j == rl.W - 1 && last == rl.seg_end;
+  if (!in_slot && !in_ext) return;
+  uint32_t m[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const int n = keep - 4 * k;  // bytes of word k to keep
+    m[k] = n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
+  }
+  const auto masked = [&](const Pack& v) { return make_uint4(v.x & m[0], v.y & m[1], v.z & m[2], v.w & m[3]); };
+  if (in_ext) {
+    ext = masked(ext);
+    return;
+  }
+  const int slot = off / rl.W;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    if (i == slot) buf[i] = masked(buf[i]);
+  }
+}
+
 template <typename scalar_t, int kPacks>
-__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext, const scalar_t* row, int64_t H,
+__device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
                                            const RowLane& rl, bool realign_rows, bool mask_tail) {
-  using P = PackOf<scalar_t>;
+  const int shift = realign_rows ? static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15) : 0;
+  // Zero what lies past the row (the tail of its last chunk) before realigning, so that the
+  // packs past the end and the tail of a partial last pack read zeros: the sums need no
+  // per-element test. Without mask_tail the row is whole packs.
+  if (mask_tail) mask_row_end(buf, ext, shift + static_cast<int>(H) * int(sizeof(scalar_t)), rl, realign_rows);
   if (realign_rows) {
-    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
     const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
     // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
     // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
@@ -279,24 +315,6 @@ __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], const Pack& ext,
       Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
       if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
       buf[i] = realign_any(buf[i], next, shift);
-    }
-  }
-  // Zero what lies past the row (packs past the end, the tail of a partial last pack),
-  // so that the sums need no per-element test. Without mask_tail the row is whole packs.
-  if (mask_tail) {
-    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int p = rl.base + i * rl.W;
-      if (p >= packs) {
-        buf[i] = make_uint4(0u, 0u, 0u, 0u);
-      } else if (p == packs - 1) {
-        const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
-#pragma unroll
-        for (int e = 1; e < P::kVec; ++e) {
-          if (e >= valid) P::set(buf[i], e, typename P::raw_t(0));
-        }
-      }
     }
   }
 }
@@ -383,23 +401,6 @@ __device__ __forceinline__ Pack realigned_pack(const Pack (&buf)[kPacks], const 
   Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
   if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
   return realign_any(buf[i], next, shift);
-}
-
-// Pack p with what lies past the row (packs past the end, the tail of a partial last
-// pack) zeroed.
-template <typename scalar_t>
-__device__ __forceinline__ Pack mask_pack(Pack v, int p, int64_t H) {
-  using P = PackOf<scalar_t>;
-  const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-  if (p >= packs) return make_uint4(0u, 0u, 0u, 0u);
-  if (p == packs - 1) {
-    const int valid = static_cast<int>(H - int64_t(p) * P::kVec);
-#pragma unroll
-    for (int e = 1; e < P::kVec; ++e) {
-      if (e >= valid) P::set(v, e, typename P::raw_t(0));
-    }
-  }
-  return v;
 }
 
 // Writes chunk p of a same-phase row: bytes [shift, 16) of the first chunk, [0, end - 16 p)
