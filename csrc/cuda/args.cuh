@@ -71,15 +71,17 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
   }
 }
 
-// Blocks of the narrow <= 256-thread builds that must fit an SM at once: 3 caps them at 80
+// Blocks of the narrow <= 256-thread builds (PolyNorm's forward of 2-byte odd-H rows) that must
+// fit an SM at once: 3 caps them at 80
 // registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
 #ifndef POLYNORM_ROW_MIN_BLOCKS
 #define POLYNORM_ROW_MIN_BLOCKS 3
 #endif
 
-// The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 100-470
-// bytes by dtype and op) unless set otherwise for measurements. Measured: at 1 (up to 255
-// registers, no spills) views ran slower (bench/NOTES.md v8, call 6). The backward's persistent
+// The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 0-56 bytes
+// by dtype and op since the row's end is masked once, bench/NOTES.md v9) unless set otherwise for
+// measurements. Measured in v8 (call 6), when they spilled 100-470 bytes: at 1 (up to 255
+// registers, no spills) views ran slower. The backward's persistent
 // grid is sized by the aligned build whatever the layout (launch_backward_row), so the bits of dW
 // and dB do not depend on it.
 #ifndef POLYNORM_WIDE_REALIGN_MIN_BLOCKS
@@ -89,7 +91,7 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
 // (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
 // the wide builds (12 or more: 16 packs of PolyNorm's forward, 8 each of x and grad_y
-// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow ones (6 or 8).
+// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow forward (8).
 constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
   return max_threads != 256              ? 1
          : packs_held >= kRowWidePacks ? (realign ? POLYNORM_WIDE_REALIGN_MIN_BLOCKS : 2)

@@ -18,7 +18,7 @@
 // - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row held in registers by G threads, read
 //   from device memory once; see "Row kernels (v5, v8)" in packs.cuh. A row longer than one
 //   CTA takes (the table in launch_plan.h: past 256 threads for the wide builds; past 512
-//   forward and 256 backward for the narrow ones) is split over a thread-block cluster of up
+//   for the narrow forward) is split over a thread-block cluster of up
 //   to 8 CTAs that add their sums through distributed shared memory (sm_90 and later; bf16:
 //   H <= 262144 forward, 131072 backward). Almost every model runs here.
 // - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row (on devices without
@@ -433,7 +433,7 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // Wide builds (kPacks) for rows of whole packs, narrow ones (half) for the others (launch_plan.h).
+      // The wide build (kPacks), or the narrow one (half) for 2-byte rows not of whole packs (row_packs).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
