@@ -34,7 +34,9 @@
 //                | <= 65536, beyond  | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
-// Odd-H rows hold one more chunk than packs at most, so the bounds above shift by a chunk.
+// Odd-H rows are planned by their packs (row_plan); a misaligned row's one extra chunk is held
+// apart (a segment's last lane's `ext`), so odd rows reach the same bounds less an element
+// (bf16 backward: H = 16383 in one CTA, next to 16384).
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16385 takes 288); blocks of 128 / G

@@ -204,7 +204,9 @@ def test_param_grads_of_many_rows_do_not_depend_on_the_layout(dtype, H):
     # M far above the blocks the backward's persistent grid keeps resident, so each block sums
     # many rows into its dW/dB partial: the grid, and so the order of those sums, must be the
     # same whichever build serves the layout (H = 1024: the aligned and realigned builds; 4097:
-    # the same-phase build for contiguous rows, the realigned one for the views).
+    # the same-phase build for contiguous rows, the realigned one for the views). With today's
+    # builds (126-128 registers each) the grids would match even if each build sized its own:
+    # this guards the launch's sizing by one build against a build whose occupancy changes.
     gen = torch.Generator().manual_seed(seed_for("param-grads-layout", dtype, H))
     M = 8192
     x = make_rows(M, H, dtype, "cuda", "contiguous", gen)

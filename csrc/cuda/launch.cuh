@@ -181,8 +181,10 @@ void allow_cluster(Kernel kernel, const RowPlan& plan) {
   static std::mutex mutex;
   static std::map<std::pair<int, const void*>, bool> done;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (!done.emplace(std::make_pair(device, reinterpret_cast<const void*>(kernel)), true).second) return;
+  const auto key = std::make_pair(device, reinterpret_cast<const void*>(kernel));
+  if (done.count(key) != 0) return;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  done.emplace(key, true);  // only once it took: a failed call is tried again, and reported again
 }
 
 // Clusters of a row kernel resident on the device at once (cached per device, kernel and
@@ -320,8 +322,10 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   // Persistent (a block per row: 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
   // The grid, and so the order in which dW and dB are summed, is sized by one build for every
-  // layout of a row (the aligned build for rows of whole packs, the realigned one for others),
-  // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy.
+  // layout of a row (the aligned build, queried for its occupancy only, never launched here),
+  // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
+  // every wide build takes 126-128 registers, so the grids would match anyway; this keeps them
+  // matched if that changes.)
   static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");
   const auto sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, kAligned);
   const int waves = row_tuning().grid_waves;
