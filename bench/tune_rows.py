@@ -14,7 +14,8 @@ output is checked against the float64 oracle on its first rows (``err``: the lar
 over the output dtype's rounding floor); every variant's backward gives the table's grad_x
 bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings.
 
-    python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...]
+    python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
+        [--table-only] [--aligned-only]
 """
 
 import argparse
@@ -54,15 +55,25 @@ def main() -> None:
     parser.add_argument("--H", type=int, nargs="*", default=list(DEFAULT_H))
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--aligned-only", action="store_true", help="skip the view that starts one element in")
+    parser.add_argument("--cta", type=int, nargs="*", default=[],
+                        help="also time rows split past this many threads a CTA (_tune_rows' cta_threads): columns c<N>")
+    parser.add_argument("--table-only", action="store_true", help="only the table's grid (and --cta columns)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
-    fwd_variants, bwd_variants = (MUL, MUL_BWD) if fused else (POLY_NORM, POLY_NORM_BWD)
+    fwd_variants, bwd_variants = (dict(MUL), dict(MUL_BWD)) if fused else (dict(POLY_NORM), dict(POLY_NORM_BWD))
+    if args.table_only:
+        fwd_variants = {k: v for k, v in fwd_variants.items() if not v}
+        bwd_variants = {k: v for k, v in bwd_variants.items() if not v}
+    for cta in args.cta:
+        fwd_variants[f"{'mf' if fused else 'f'}-c{cta}"] = {"cta_threads": cta}
+        bwd_variants[f"{'mb' if fused else 'b'}-c{cta}"] = {"cta_threads": cta}
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
     floors = "add, add+copy" if fused else "copy, add"
-    cols = list(fwd_variants) + list(bwd_variants) + ([] if fused else ["f-sp0", "b-sp0"])
+    sp0 = not fused and not args.table_only  # the same-phase path off, as its own columns
+    cols = list(fwd_variants) + list(bwd_variants) + (["f-sp0", "b-sp0"] if sp0 else [])
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.op}, {args.dtype}, "
           f"M*H = {args.elements}; forward and backward over the same-run floors ({floors}), medians of "
           "do_bench; err: worst error of any variant over the rounding floor, or of its backward against the table's")
@@ -108,6 +119,10 @@ def main() -> None:
                     grads = backward()
                     if ref is None:
                         ref = grads
+                    elif "cta_threads" in kw:  # another split of the row: another reduction tree
+                        for got, exp in zip(grads, ref):
+                            rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))
+                            err = max(err, rel / torch.finfo(exp.dtype).eps)
                     elif not torch.equal(grads[0], ref[0]):  # the grid never changes a row's bits
                         err = float("inf")
                     else:  # dW and dB: the grid's partials, another summation order
@@ -116,7 +131,7 @@ def main() -> None:
                             err = max(err, rel / torch.finfo(exp.dtype).eps)
                     cells.append(f"{bench(backward) / t_bwd_floor:.3f}")
                 tune()
-                if not fused:
+                if sp0:
                     # Without the same-phase path (odd H only: elsewhere it is not taken).
                     if not whole_packs:
                         tune(same_phase=False)

@@ -34,12 +34,13 @@
 //                | <= 65536, beyond  | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
-// Odd-H rows are planned by their packs (row_plan); a misaligned row's one extra chunk is held
-// apart (a segment's last lane's `ext`), so odd rows reach the same bounds less an element
-// (bf16 backward: H = 16383 in one CTA, next to 16384).
+// Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
+// extra chunk is held apart (the last lane's `ext`), and so is a last element past whole packs,
+// so odd rows reach the same bounds plus an element (bf16 backward: H = 16385 in one CTA, next
+// to 16384; H = 4097 forward on 64 threads, not 96).
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
-//   then a multiple of 32: H = 5125 bf16 forward takes 96, 16385 takes 288); blocks of 128 / G
+//   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
 //   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (wide) or 512
 //   (narrow) threads each (row_plan).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
@@ -143,9 +144,20 @@ struct LaunchPlan {
   TiledPlan tiled;
 };
 
-// G threads a row, the fewest with G * packs_per_thread >= the row's packs, so the row is
+// Packs the lanes of a row hold in their slots: the row's packs, but for rows not of whole packs
+// those of its first H - 1 elements. Such a row one element past whole packs (H = 4097 bf16:
+// 512 packs and 2 bytes) keeps its last element apart (the row kernels' `extra`: the row's last
+// lane loads it as a scalar and adds it to its sums after its packs) rather than take a warp
+// more a row for one element (H = 4097: 64 threads, not 96 with a third of their slots idle).
+// Every chunk a misaligned row touches is still held: slots and the last lane's `ext`, the
+// chunk past them. Rows of whole packs are always aligned or realigned as whole packs.
+inline int64_t slot_packs(int64_t H, int elem_size) {
+  return whole_packs(H, elem_size) ? H * elem_size / 16 : ((H - 1) * elem_size + 15) / 16;
+}
+
+// G threads a row, the fewest with G * packs_per_thread >= the row's slot packs, so the row is
 // read once: a power of two up to 32 (several rows a warp), then a multiple of 32 (H = 5125
-// bf16 forward takes 96 threads, 16385 takes 288: not 128 and 512). Blocks of R = 128 / G
+// bf16 forward takes 96 threads, 16387 takes 288: not 128 and 512). Blocks of R = 128 / G
 // rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
 // are short), else of one row.
 // A row that needs more than `split` threads (and max_cluster > 1) is split over a
@@ -155,7 +167,7 @@ struct LaunchPlan {
 // max_cluster CTAs of cta_threads.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
                         int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads) {
-  const int64_t packs = (H * elem_size + 15) / 16;
+  const int64_t packs = slot_packs(H, elem_size);
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   int64_t G = 1;
   while (G < need && G < 32) G *= 2;
@@ -206,8 +218,9 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // of whole packs (every launch realigns them) hold at most 64 elements a thread (4 x the element
 // size in packs): PolyNorm's forward of 2-byte rows then takes the narrow build (8 packs). Its
 // realigned sums (a shuffle and a realignment a pack) and the idle slots of its rounded G cost
-// issue slots that 16 packs of 8 elements a thread cannot spare (bench/NOTES.md v9, call 2: bf16
-// H = 4097 / 5125 forward 1.61 / 1.37 of a copy at 8 packs against 1.90 / 1.63 at 16); every
+// issue slots that 16 packs of 8 elements a thread cannot spare (bench/NOTES.md v10, call 2: bf16
+// H = 5125 forward 1.37 of a copy at 8 packs against 1.66 at 16; 4097 and 16385, which slot_packs
+// leaves no idle slot either way, 1.20 / 1.25 against 1.20 / 1.19: kept narrow, one rule); every
 // other op and dtype holds 64 elements or fewer a thread at the wide count and is faster wide
 // (backward 5125 / 16385: 1.72 / 1.69 of an add against 1.93 / 1.86 at 4 packs; fp32 forward
 // 4097: 1.23 against 1.32; the fused op 10-25% faster both ways).

@@ -38,7 +38,7 @@ pytestmark = [requires_cuda, requires_clusters]
 # of 4) 321: 8, the bf16 forward (the narrow build, 8 packs of 8) 81: 2. Every op and dtype below
 # fits its cluster cap, and PolyNorm's backward splits in each; odd H reaches the realigning
 # builds.
-SPLITS = [(4096, 32, 16), (8192, 64, 16), (5125, 64, 16), (3000, 32, 16), (16385, 256, 16), (2056, 32, 16)]
+SPLITS = [(4096, 32, 16), (8192, 64, 16), (5125, 64, 16), (3000, 32, 16), (16385, 128, 16), (2056, 32, 16)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 

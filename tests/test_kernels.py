@@ -199,24 +199,35 @@ def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift)
 
 @requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("H", [1024, 4097])
-def test_param_grads_of_many_rows_do_not_depend_on_the_layout(dtype, H):
-    # M far above the blocks the backward's persistent grid keeps resident, so each block sums
-    # many rows into its dW/dB partial: the grid, and so the order of those sums, must be the
-    # same whichever build serves the layout (H = 1024: the aligned and realigned builds; 4097:
-    # the same-phase build for contiguous rows, the realigned one for the views). With today's
-    # builds (126-128 registers each) the grids would match even if each build sized its own:
-    # this guards the launch's sizing by one build against a build whose occupancy changes.
-    gen = torch.Generator().manual_seed(seed_for("param-grads-layout", dtype, H))
-    M = 8192
+@pytest.mark.parametrize("H,M", [(1024, 8192), (4097, 8192), (65536, 512)])
+@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
+def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
+    # M far above the blocks (clusters: H = 65536) the backward's persistent grid keeps
+    # resident, so each block sums many rows into its dW/dB partial: the grid, and so the order
+    # of those sums, must be the same whichever build serves the layout (H = 1024 and 65536: the
+    # aligned and realigned builds; 4097: the same-phase build for contiguous rows, the realigned
+    # one for the views). With today's builds (126-128 registers each) the grids would match even
+    # if each build sized its own: this guards the launch's sizing by one build against a build
+    # whose occupancy changes.
+    gen = torch.Generator().manual_seed(seed_for("param-grads-layout", op, dtype, H))
     x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
+    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+
+    def run(x_in):
+        if op == "poly_norm":
+            out = run_backend("cuda", x_in, g, w, b, 1e-6)
+            return {name: getattr(out, name) for name in ("y", "dx", "dw", "db")}
+        y, rstd = torch.ops.polynorm.mul_forward(x_in, mul, w, b, 1e-6)
+        dx, dmul, dw, db = torch.ops.polynorm.mul_backward(g, x_in, mul, w, b, rstd)
+        return {"y": y, "dx": dx, "dmul": dmul, "dw": dw, "db": db}
+
+    reference = run(x)
     shifted = torch.empty(M * H + 1, dtype=dtype, device="cuda")[1:].view(M, H)
     strided = torch.empty(M, H + 3, dtype=dtype, device="cuda")[:, 1 : H + 1]
-    reference = run_backend("cuda", x, g, w, b, 1e-6)
     for name, x_view in (("shifted", shifted), ("strided", strided)):
         x_view.copy_(x)
-        moved = run_backend("cuda", x_view, g, w, b, 1e-6)
-        for out in ("y", "dx", "dw", "db"):
-            assert torch.equal(getattr(reference, out), getattr(moved, out)), f"{name}: {out}"
+        moved = run(x_view)
+        for out, value in reference.items():
+            assert torch.equal(value, moved[out]), f"{name}: {out}"

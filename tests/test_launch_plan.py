@@ -48,6 +48,13 @@ def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
     return min(PACKS[op], 4 * elem_size(dtype))
 
 
+def slot_packs(dtype: torch.dtype, H: int) -> int:
+    """Packs a row's lanes hold: its packs; for odd rows those of its first H - 1 elements (the
+    last element of a row one element past whole packs is held apart, launch_plan.h's slot_packs)."""
+    elem = elem_size(dtype)
+    return H * elem // 16 if H * elem % 16 == 0 else -(-(H - 1) * elem // 16)
+
+
 def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
     """(packs a thread, most threads of one CTA, split, cluster CTA size) of a row of H."""
     packs = packs_of(op, dtype, H)
@@ -58,7 +65,7 @@ def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
     """The longest row of one CTA without clusters, in elements: whole packs (wide) or odd."""
     vec = 16 // elem_size(dtype)
     packs, most = geometry(op, dtype, vec if wide else vec + 1)[:2]
-    return most * packs * vec - (0 if wide else 1)
+    return most * packs * vec + (0 if wide else 1)
 
 
 def fields(text: str) -> dict:
@@ -80,9 +87,8 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, wide):
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
         assert f["packs"] == geometry(op, dtype, H)[0], (H, text)
-        packs = -(-H * elem // 16)
         G = f["G"]
-        need = -(-packs // f["packs"])  # threads that cover the row
+        need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
         assert G >= need, (H, text)
         if need <= 32:  # the smallest power of two: several rows a warp
             assert G & (G - 1) == 0 and (G == 1 or G // 2 < need), (H, text)
@@ -107,14 +113,14 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
     odd = 0 if wide else 1  # an odd H: one element past whole packs
     packs, most, split, cta_threads = geometry(op, dtype, vec + odd)
     per_thread = packs * vec  # elements a thread holds
-    longest = per_thread * cta_threads * MAX_CLUSTER - (0 if wide else vec - 1)  # the class's longest row
+    longest = per_thread * cta_threads * MAX_CLUSTER + odd  # the class's longest row
     for H in (96 * vec + odd, per_thread * split - vec + odd, per_thread * split + odd,
               per_thread * split + vec + odd, 3 * per_thread * most + 5 * vec + odd, longest):
         text = plan(op, H, dtype)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
         assert f["packs"] == packs, (H, text)
-        need = -(-(-(-H * elem // 16)) // f["packs"])  # threads that cover the row
+        need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
         C = f["cluster"]
         if -(-need // 32) * 32 <= split:
             assert C == 1 and text == plan(op, H, dtype, clusters=False), (H, text)
@@ -128,7 +134,7 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
         torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
-        f = fields(plan(op, 4 * per_thread * 64 - (0 if wide else vec - 1), dtype))  # 4 x 64 threads' worth
+        f = fields(plan(op, 4 * per_thread * 64 + odd, dtype))  # 4 x 64 threads' worth
         assert (f["cluster"], f["G"]) == (4, 64), f
     finally:
         torch.ops.polynorm._tune_rows()
@@ -171,7 +177,7 @@ def test_force_kernel_picks_a_family_where_it_can_serve(kind):
             assert plan(op, 4096, torch.float32).startswith(kind + " "), op
         # Where the forced family cannot serve the row, the table's choice stands (the tiled
         # kernels serve every row).
-        assert plan("forward", 65537, torch.bfloat16, clusters=False).startswith("tiled ")
+        assert plan("forward", 65545, torch.bfloat16, clusters=False).startswith("tiled ")
         assert plan("backward", 262145, torch.bfloat16).startswith("tiled ")
     finally:
         force("auto")
@@ -303,7 +309,7 @@ def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool 
     the row build while the row's threads fit one CTA, or with clusters the fewest CTAs (up to
     MAX_CLUSTER) of the class's size, unless tiled is forced; the tiled build otherwise."""
     packs, most, split, cta_threads = geometry(op, dtype, H)
-    need = -(-(-(-H * elem_size(dtype) // 16)) // packs)
+    need = -(-slot_packs(dtype, H) // packs)
     if clusters and -(-need // 32) * 32 > split:
         C = 2
         while C < MAX_CLUSTER and -(-need // C) > cta_threads:

@@ -321,6 +321,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
       return P::value(gp, k);
     };
+    // A row one element past its slots: its last lane holds x[H - 1] and grad_y's (mul's) apart.
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+    const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
+    const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
+    const auto x_last = load_extra(x_row, H, holds_extra);
+    const auto g_last = load_extra(g_row, H, holds_extra);
+    const auto m_last = kMul ? load_extra(mul.mul + r * mul.row_stride, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
@@ -333,7 +340,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     }
 
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
-    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+    const auto add = [&](acc_t v, acc_t g) {
+      const acc_t gx = g * v;
+      s[0] += gx;
+      s[1] += gx * v;
+      s[2] += gx * v * v;
+      s[3] += g;
+    };
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
@@ -344,16 +357,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if (same_phase) mi = realigned_pack(mb, m_ext, i, shift, rl);
       }
 #pragma unroll
-      for (int k = 0; k < P::kVec; ++k) {
-        const acc_t v = P::value(xi, k);
-        const acc_t g = grad_of(gi, mi, k);
-        const acc_t gx = g * v;
-        s[0] += gx;
-        s[1] += gx * v;
-        s[2] += gx * v * v;
-        s[3] += g;
-      }
+      for (int k = 0; k < P::kVec; ++k) add(P::value(xi, k), grad_of(gi, mi, k));
     }
+    // The row's last element, past its slots: zero but on the row's last lane.
+    const acc_t x_e = Elem<scalar_t>::to_acc(x_last);
+    const acc_t g_e = kMul ? Elem<scalar_t>::to_acc(g_last) * Elem<scalar_t>::to_acc(m_last)
+                           : Elem<scalar_t>::to_acc(g_last);
+    if (extra) add(x_e, g_e);
     // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
     if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
@@ -386,19 +396,16 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
     // goes to gb (grad_out's registers), x's become dx.
     const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
+    const auto dx_at = [&](acc_t v, acc_t g) {
+      const acc_t v2 = v * v;
+      return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
+    };
+    const auto grad_mul_at = [&](acc_t v, acc_t grad_out) { return grad_out * (v * (a1 + v * (a2 + v * a3)) + mb_bias); };
     const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
-      return P::make([&](int k) {
-        const acc_t v = P::value(xp, k);
-        const acc_t g = grad_of(gp, mp, k);
-        const acc_t v2 = v * v;
-        return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
-      });
+      return P::make([&](int k) { return dx_at(P::value(xp, k), grad_of(gp, mp, k)); });
     };
     const auto grad_mul_of = [&](const Pack& xp, const Pack& gp) {
-      return P::make([&](int k) {
-        const acc_t v = P::value(xp, k);
-        return P::value(gp, k) * (v * (a1 + v * (a2 + v * a3)) + mb_bias);
-      });
+      return P::make([&](int k) { return grad_mul_at(P::value(xp, k), P::value(gp, k)); });
     };
     if constexpr (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
@@ -432,6 +439,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
       if constexpr (kMul) {
         store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
+      }
+      if (extra && active && rl.lane == rl.G - 1) {
+        store_extra(grad_x + r * H, H, dx_at(x_e, g_e));
+        if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
   }

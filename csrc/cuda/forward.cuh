@@ -249,6 +249,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         }
       }
     }
+    // A row one element past its slots: its last lane holds x[H - 1] (and mul's) apart.
+    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+    const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
+    const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
+    const auto x_last = load_extra(x_row, H, holds_extra);
+    const auto m_last = kMul ? load_extra(mul.mul + (active ? row : 0) * mul.row_stride, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {
       // The chunks as loaded, zero past the row's end (mul's too: its realigned packs reach the sums).
@@ -260,20 +266,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
-    const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+    const auto add = [&](acc_t v) {
+      const acc_t v2 = v * v;
+      s[0] += v2;
+      s[1] += v2 * v2;
+      s[2] += v2 * v2 * v2;
+    };
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
       const Pack in = same_phase ? realigned_pack(buf, ext, i, shift, rl) : buf[i];
 #pragma unroll
-      for (int k = 0; k < P::kVec; ++k) {
-        const acc_t v = P::value(in, k);
-        const acc_t v2 = v * v;
-        s[0] += v2;
-        s[1] += v2 * v2;
-        s[2] += v2 * v2 * v2;
-      }
+      for (int k = 0; k < P::kVec; ++k) add(P::value(in, k));
     }
+    if (extra) add(Elem<scalar_t>::to_acc(x_last));  // zero but on the row's last lane
     // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
     if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
@@ -294,13 +300,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       rstd[row * 3 + 2] = r1;
     }
     const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
+    const auto output_of = [&](acc_t v, acc_t m) {
+      const acc_t yv = v * (a1 + v * (a2 + v * a3)) + rb;  // Horner form
+      if constexpr (kMul) return yv * m;
+      return yv;
+    };
     const auto output = [&](const Pack& in, const Pack& m) {
-      return P::make([&](int k) {
-        const acc_t v = P::value(in, k);
-        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + rb;  // Horner form
-        if constexpr (kMul) return yv * P::value(m, k);
-        return yv;
-      });
+      return P::make([&](int k) { return output_of(P::value(in, k), kMul ? P::value(m, k) : acc_t(0)); });
     };
     scalar_t* y_row = y + (active ? row : 0) * H;
     if constexpr (same_phase) {
@@ -325,6 +331,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
       }
       store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
+      if (extra && active && rl.lane == rl.G - 1) {
+        store_extra(y_row, H, output_of(Elem<scalar_t>::to_acc(x_last), Elem<scalar_t>::to_acc(m_last)));
+      }
     }
   }
 }

@@ -212,14 +212,21 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
 // `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
 // a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
 // plan.cluster.
+// The error for a kernel of which the device cannot place one cluster.
+template <typename Kernel>
+int64_t fitting_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
+  const int64_t resident = resident_clusters(kernel, plan, smem);
+  TORCH_CHECK(resident > 0, "polynorm: this device cannot run a cluster of ", num(plan.cluster), " blocks of ",
+              num(plan.threads), " threads (rows of ", num(plan.cluster * plan.G),
+              " threads); _tune_rows sets smaller clusters");
+  return resident;
+}
+
 template <typename Kernel>
 int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int waves = 1) {
   const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
   if (plan.cluster > 1) {
-    const int64_t resident = resident_clusters(kernel, plan, smem);
-    TORCH_CHECK(resident > 0, "polynorm: this device cannot run a cluster of ", num(plan.cluster), " blocks of ",
-                num(plan.threads), " threads (rows of ", num(plan.cluster * plan.G),
-                " threads); _tune_rows sets smaller clusters");
+    const int64_t resident = fitting_clusters(kernel, plan, smem);
     const int64_t clusters = waves == 0 ? row_blocks : std::min<int64_t>(row_blocks, waves * resident);
     return std::max<int64_t>(1, clusters) * plan.cluster;
   }
@@ -326,8 +333,14 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
   // every wide build takes 126-128 registers, so the grids would match anyway; this keeps them
   // matched if that changes.)
+  // A grouped launch sums no partials (its rows write their terms), but is sized by its own
+  // aligned build all the same. The launched build must fit a cluster too (checked by name).
   static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");
-  const auto sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, kAligned);
+  auto sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, kAligned);
+  if constexpr (!kMul) {
+    if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
+  }
+  if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, smem);
   const int waves = row_tuning().grid_waves;
   const int64_t blocks = row_grid(sizing, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {

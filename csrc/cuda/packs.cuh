@@ -417,5 +417,26 @@ __device__ __forceinline__ void store_own_chunk(Pack* dst, int p, const Pack& v,
   }
 }
 
+// A row one element past the packs its lanes hold (launch_plan.h, slot_packs; rows not of whole
+// packs, so the realigning builds only): the row's last lane holds that element, at H - 1, as a
+// raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the
+// same-phase path writes them with the chunk in `ext`). The other lanes hold zero, which adds
+// nothing to a sum. The same in every layout, so the bits stay the aligned row's.
+template <int kPacks>
+__device__ __forceinline__ bool row_has_extra(const RowLane& rl, int packs) {
+  return packs > rl.G * kPacks;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ typename Elem<scalar_t>::raw_t load_extra(const scalar_t* row, int64_t H, bool holds) {
+  using raw_t = typename Elem<scalar_t>::raw_t;
+  return holds ? reinterpret_cast<const raw_t*>(row)[H - 1] : raw_t(0);
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ void store_extra(scalar_t* row, int64_t H, at::opmath_type<scalar_t> v) {
+  reinterpret_cast<typename Elem<scalar_t>::raw_t*>(row)[H - 1] = Elem<scalar_t>::from_acc(v);
+}
+
 }  // namespace
 }  // namespace polynorm
