@@ -261,11 +261,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool same_phase = kLayout == kSamePhase;
 
   const RowLane rl = row_lane<kPacks>(G, C);
-  const int R = blockDim.x / G;
-  const int group = threadIdx.x / G;
-  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
-  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // as in forward
-  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
+  const RowBlock blk = row_block(G, C);
+  const int R = blk.R;
+  const int group = blk.group;
+  const bool last_segment = (rl.lane >> rl.wlog) + 1 == (rl.G >> rl.wlog);
+  const int64_t cluster_id = blockIdx.x >> blk.clog;  // as in forward
+  const int64_t clusters = gridDim.x >> blk.clog;
   const bool rank0 = rl.lane < G;  // the row's first CTA: its parameter-gradient terms
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
@@ -410,8 +411,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     if constexpr (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       const int chunks = (end + 15) / 16;
-      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(grad_x + r * H) - shift);
-      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(mul.grad_mul + r * H) - shift) : nullptr;
+      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(grad_x + r * H) - shift);
+      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<char*>(mul.grad_mul + r * H) - shift) : nullptr;
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
         keep_raw(xb[i]);

@@ -199,11 +199,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool same_phase = kLayout == kSamePhase;
 
   const RowLane rl = row_lane<kPacks>(G, C);
-  const int R = blockDim.x / G;
-  const int group = threadIdx.x / G;
-  const bool last_segment = rl.lane / rl.W + 1 == rl.G / rl.W;
-  const int64_t cluster_id = C > 1 ? blockIdx.x / C : blockIdx.x;  // the block's rows: R from cluster_id R
-  const int64_t clusters = C > 1 ? gridDim.x / C : gridDim.x;
+  const RowBlock blk = row_block(G, C);
+  const int R = blk.R;
+  const int group = blk.group;
+  const bool last_segment = (rl.lane >> rl.wlog) + 1 == (rl.G >> rl.wlog);
+  const int64_t cluster_id = blockIdx.x >> blk.clog;  // the block's rows: R from cluster_id R
+  const int64_t clusters = gridDim.x >> blk.clog;
 
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
@@ -312,7 +313,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     if constexpr (same_phase) {
       // Chunk p of y from chunk p of x (and mul); the chunk after the last segment, held in
       // ext by its last lane only, when the row reaches into it.
-      Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<uintptr_t>(y_row) - shift);
+      Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(y_row) - shift);
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       const int chunks = (end + 15) / 16;
 #pragma unroll

@@ -190,23 +190,42 @@ struct RowLane {
   int lane;  // 0..G-1
   int G;
   int W;
+  int wlog;  // log2(W)
   int j;     // lane within its segment, 0..W-1
   int base;  // the lane's first pack: packs base + i * W, i < kPacks
   int seg_end;  // first pack past the segment: base of the next segment's lane 0
 };
+
+// The row kernels' block geometry without integer division (a run-time divisor costs ~20
+// instructions, paid a row; bench/NOTES.md v10): G threads a row is a power of two whenever a
+// block holds several rows (launch_plan.h, row_plan: R = 128 / G), and C, the CTAs of a cluster,
+// always is.
+struct RowBlock {
+  int R;      // rows a block: blockDim.x / G
+  int group;  // this thread's row of the block: threadIdx.x / G
+  int clog;   // log2(C)
+};
+__device__ __forceinline__ RowBlock row_block(int G, int C) {
+  const bool pow2 = (G & (G - 1)) == 0;
+  const int glog = __ffs(G) - 1;
+  const int R = pow2 ? static_cast<int>(blockDim.x) >> glog : 1;
+  return RowBlock{R, R > 1 ? static_cast<int>(threadIdx.x) >> glog : 0, __ffs(C) - 1};
+}
 
 // A row of C > 1 CTAs (a thread-block cluster, C consecutive blocks): CTA `rank` holds lanes
 // [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
 // load/store code are those of one CTA of C G threads.
 template <int kPacks>
 __device__ __forceinline__ RowLane row_lane(int G, int C) {
-  const int rank = C > 1 ? static_cast<int>(blockIdx.x % C) : 0;
-  const int lane = rank * G + static_cast<int>(threadIdx.x) % G;
+  const int rank = C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0;
+  const int t = static_cast<int>(threadIdx.x);
+  const int lane = rank * G + ((G & (G - 1)) == 0 ? t & (G - 1) : t);  // G not a power of two: R = 1
   const int Gt = G * C;
-  const int W = Gt < 32 ? Gt : 32;
-  const int j = lane % W;
-  const int seg = lane / W;
-  return RowLane{lane, Gt, W, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
+  const int W = Gt < 32 ? Gt : 32;  // Gt < 32 only for a power of two (one CTA)
+  const int wlog = __ffs(W) - 1;
+  const int j = lane & (W - 1);
+  const int seg = lane >> wlog;
+  return RowLane{lane, Gt, W, wlog, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
 }
 
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
@@ -249,7 +268,8 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   constexpr int kVec = PackOf<scalar_t>::kVec;
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
   const int shift = realign_rows ? static_cast<int>(addr & 15) : 0;
-  const Pack* src = reinterpret_cast<const Pack*>(addr - shift);
+  // Pointer arithmetic, not an integer's: the compiler keeps the global address space (LDG).
+  const Pack* src = reinterpret_cast<const Pack*>(reinterpret_cast<const char*>(row) - shift);
   // Chunks covering the row: its packs, or one more when a misaligned row spills over.
   int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
                             : static_cast<int>((H + kVec - 1) / kVec);
@@ -276,7 +296,7 @@ __device__ __forceinline__ void mask_row_end(Pack (&buf)[kPacks], Pack& ext, int
   const int keep = end - 16 * last;               // its bytes that are the row's: 1..16 (0: no row)
   if (keep == 16) return;
   const int off = last - rl.base;
-  const bool in_slot = off >= 0 && off % rl.W == 0 && off / rl.W < kPacks;
+  const bool in_slot = off >= 0 && (off & (rl.W - 1)) == 0 && (off >> rl.wlog) < kPacks;
   const bool in_ext = has_ext && rl.j == rl.W - 1 && last == rl.seg_end;
   if (!in_slot && !in_ext) return;
   uint32_t m[4];
@@ -290,7 +310,7 @@ __device__ __forceinline__ void mask_row_end(Pack (&buf)[kPacks], Pack& ext, int
     ext = masked(ext);
     return;
   }
-  const int slot = off / rl.W;
+  const int slot = off >> rl.wlog;
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     if (i == slot) buf[i] = masked(buf[i]);
@@ -355,7 +375,7 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
   const uintptr_t addr = reinterpret_cast<uintptr_t>(row);
   const int shift = static_cast<int>(addr & 15);
-  Pack* dst = reinterpret_cast<Pack*>(addr - shift);
+  Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(row) - shift);  // as issue_row's
   const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));  // row end, in bytes from dst
   const int chunks = (end + 15) / 16;
   const int from = rl.j == 0 ? rl.W - 1 : rl.j - 1;

@@ -49,9 +49,17 @@ __device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
 // adds the warp totals in warp order. The tree depends only on G.
 template <int N, typename acc_t>
 __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
+  if (rl.W == 32) {  // the same tree, unrolled (a row of one warp or more)
 #pragma unroll
-  for (int k = 0; k < N; ++k) {
-    for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    for (int k = 0; k < N; ++k) {
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    }
   }
   if (rl.G > 32) {
     const int warps = rl.G / 32;
@@ -61,7 +69,7 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
       for (int k = 0; k < N; ++k) red[warp][k] = v[k];
     }
     __syncthreads();
-    acc_t(*group_red)[N] = red + (warp / warps) * warps;
+    acc_t(*group_red)[N] = red + (warp - (rl.lane >> 5));  // the row's first warp (one CTA: lane < G)
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       acc_t total = group_red[0][k];
