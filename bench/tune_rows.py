@@ -56,7 +56,9 @@ def main() -> None:
     parser.add_argument("--elements", type=int, default=2**26, help="M·H of each shape")
     parser.add_argument("--aligned-only", action="store_true", help="skip the view that starts one element in")
     parser.add_argument("--cta", type=int, nargs="*", default=[],
-                        help="also time rows split past this many threads a CTA (_tune_rows' cta_threads): columns c<N>")
+                        help="also time rows split past this many threads a CTA (_tune_rows' cta_threads): columns "
+                        "c<N>; their outputs are another reduction tree's, so err then also holds their largest "
+                        "difference from the table's, relative to its largest value, in the dtype's eps")
     parser.add_argument("--table-only", action="store_true", help="only the table's grid (and --cta columns)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)

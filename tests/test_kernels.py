@@ -14,6 +14,7 @@ from _matrix import (
     requires_interpreter,
     requires_triton,
     run_backend,
+    run_backend_mul,
     seed_for,
 )
 
@@ -171,12 +172,14 @@ def test_cuda_graph_capture(dtype):
 
 @pytest.mark.parametrize("device,backend", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("H", [64, 3000, 4096, 4097, 5125, 16385])
+@pytest.mark.parametrize("H", [64, 65, 257, 3000, 4096, 4097, 5125, 16385])
 @pytest.mark.parametrize("shift", [1, 3, "strided"])
 def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift):
     # The same rows, once 16-byte aligned and once starting `shift` elements into a buffer
     # (or `strided`: rows H + 3 elements apart, each starting at another offset): the
-    # kernels realign what they load, so y, dx, dw and db are bitwise the same.
+    # kernels realign what they load, so y, dx, dw and db are bitwise the same. H = 65, 257,
+    # 4097, 16385: a row one element past whole packs, whose last element its last lane holds
+    # apart (launch_plan.h, slot_packs), on 1-4 threads a row (several rows a warp) and on more.
     gen = torch.Generator().manual_seed(seed_for("misaligned-bits", device, dtype, H, shift))
     M = 67 if device == "cuda" else 5
     x = make_rows(M, H, dtype, device, "contiguous", gen)
@@ -202,26 +205,24 @@ def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift)
 @pytest.mark.parametrize("H,M", [(1024, 8192), (4097, 8192), (65536, 512)])
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
-    # M far above the blocks (clusters: H = 65536) the backward's persistent grid keeps
-    # resident, so each block sums many rows into its dW/dB partial: the grid, and so the order
-    # of those sums, must be the same whichever build serves the layout (H = 1024 and 65536: the
-    # aligned and realigned builds; 4097: the same-phase build for contiguous rows, the realigned
-    # one for the views). With today's builds (126-128 registers each) the grids would match even
-    # if each build sized its own: this guards the launch's sizing by one build against a build
-    # whose occupancy changes.
+    # M far above the blocks (clusters at H = 65536, but fp32 mul_backward's rows, which are
+    # tiled there) the backward's persistent grid keeps resident, so each block sums many rows
+    # into its dW/dB partial: the grid, and so the order of those sums, must be the same
+    # whichever build serves the layout (H = 1024 and 65536: the aligned and realigned builds;
+    # 4097: the same-phase build for contiguous rows, the realigned one for the views). With
+    # today's builds (126-128 registers each) the grids would match even if each build sized its
+    # own: this guards the launch's sizing by one build against a build whose occupancy changes.
     gen = torch.Generator().manual_seed(seed_for("param-grads-layout", op, dtype, H))
     x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
     mul = make_rows(M, H, dtype, "cuda", "contiguous", gen)
 
-    def run(x_in):
+    def run(x_in):  # every output poisoned first (run_backend, run_backend_mul)
         if op == "poly_norm":
             out = run_backend("cuda", x_in, g, w, b, 1e-6)
             return {name: getattr(out, name) for name in ("y", "dx", "dw", "db")}
-        y, rstd = torch.ops.polynorm.mul_forward(x_in, mul, w, b, 1e-6)
-        dx, dmul, dw, db = torch.ops.polynorm.mul_backward(g, x_in, mul, w, b, rstd)
-        return {"y": y, "dx": dx, "dmul": dmul, "dw": dw, "db": db}
+        return vars(run_backend_mul("cuda", x_in, mul, g, w, b, 1e-6))
 
     reference = run(x)
     shifted = torch.empty(M * H + 1, dtype=dtype, device="cuda")[1:].view(M, H)

@@ -103,6 +103,22 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, wide):
 
 
 @pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_odd_rows_hold_their_first_h_minus_1_elements_in_slots(op, dtype):
+    # slot_packs rounds the packs of H - 1 elements up: a row two or more elements past whole
+    # packs needs a slot for its partial pack (H = 66 bf16 forward: 9 packs, G = 2, where
+    # rounding down would give G = 1 and drop element 64); only a row one element past whole
+    # packs keeps that element apart (H = 65: 8 packs, G = 1).
+    elem, vec = elem_size(dtype), 16 // elem_size(dtype)
+    for H in (vec + 1, vec + 2, 8 * vec + 1, 8 * vec + 2, 8 * vec + vec - 1, 512 * vec + 1, 512 * vec + 2):
+        f = fields(plan(op, H, dtype, clusters=False))
+        need = -(-(-(-(H - 1) * elem // 16)) // f["packs"])  # threads for the packs of H - 1 elements
+        assert f["G"] >= need and (f["G"] == 1 or f["G"] // 2 < need or f["G"] - 32 < need), (op, dtype, H, f)
+        if H % vec != 1:  # the partial pack in a slot: the row's packs, not one fewer
+            assert f["G"] * f["packs"] >= -(-H * elem // 16), (op, dtype, H, f)
+
+
+@pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
 def test_long_rows_split_over_clusters(op, dtype, wide):

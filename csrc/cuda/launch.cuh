@@ -234,6 +234,14 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int
   return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
 }
 
+// The row kernels hold a row's slot packs and nothing more (a row's one element past them is
+// its last lane's `extra`): a launch whose lanes hold fewer would drop part of the row.
+void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
+  TORCH_INTERNAL_ASSERT(int64_t(row.G) * row.cluster * packs >= slot_packs(H, static_cast<int>(elem_size)),
+                        "polynorm: a row launch of ", num(row.G), " x ", num(row.cluster), " threads, ", num(packs),
+                        " packs each, for a row of ", num(H), " elements");
+}
+
 // Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
 template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
@@ -269,6 +277,7 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                         int64_t H, double eps, cudaStream_t stream) {
   const RowTuning tuning = row_tuning();
   const RowPlan& row = lp.row;
+  check_slots(row, kPacks, H, sizeof(scalar_t));
   const bool realign = !x_vec_ok || !y_vec_ok;
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
@@ -312,6 +321,7 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                          const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping,
                          int64_t M, int64_t H, cudaStream_t stream) {
   const RowPlan& row = lp.row;
+  check_slots(row, kPacks, H, sizeof(scalar_t));
   const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
   bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
                     same_phase_rows(x_ptr, x_stride, dx_ptr, H);
