@@ -20,7 +20,7 @@
 //                |                   |                                | against 1.37 a cluster per row)
 //                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
-//   forward, odd | H <= 262144       | row, narrow: 8 packs a thread, | CTAs of up to 512 threads (80 registers
+//   forward, odd | H <= 262145       | row, narrow: 8 packs a thread, | CTAs of up to 512 threads (80 registers
 //   H, 2-byte    |                   | one CTA or a cluster of <= 8   | up to 256, 64 beyond), split past 512;
 //                |                   | CTAs of <= 512 threads         | a block per R rows, persistent on clusters
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
