@@ -209,10 +209,7 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   return clusters;
 }
 
-// `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
-// a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
-// plan.cluster.
-// The error for a kernel of which the device cannot place one cluster.
+// resident_clusters, with an error naming the geometry when the device cannot place one cluster.
 template <typename Kernel>
 int64_t fitting_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   const int64_t resident = resident_clusters(kernel, plan, smem);
@@ -222,6 +219,9 @@ int64_t fitting_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   return resident;
 }
 
+// `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
+// a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
+// plan.cluster.
 template <typename Kernel>
 int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int waves = 1) {
   const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
