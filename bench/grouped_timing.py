@@ -228,12 +228,24 @@ def table(records: list[dict], providers: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _shape(text: str) -> tuple[int, int]:
+    try:
+        M, H = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MxH, e.g. 2048x4096, got {text!r}") from None
+    if M < 1 or H < 1:
+        raise argparse.ArgumentTypeError(f"M and H must be positive, got {text!r}")
+    return M, H
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Method: see the module docstring.")
     parser.add_argument("--smoke", action="store_true", help="tiny CPU tensors, few repetitions: the code paths only")
     parser.add_argument("--experts", type=int, nargs="+", default=list(EXPERTS), help="values of E (default 8 64)")
     parser.add_argument("--providers", nargs="+", choices=PROVIDERS, default=list(PROVIDERS))
     parser.add_argument("--seed", type=int, default=0, help="seed of the group sizes and inputs")
+    parser.add_argument("--shapes", nargs="+", metavar="MxH", type=_shape,
+                        help="(M, H) shapes on a GPU, e.g. 2048x4096 (default: " + " ".join(f"{m}x{h}" for m, h in SHAPES) + ")")
     parser.add_argument("--out", type=Path, help="write the records as JSON to this file")
     args = parser.parse_args(argv)
     args.warmup_ms, args.rep_ms = (1.0, 5.0) if args.smoke else (25.0, 100.0)
@@ -245,7 +257,7 @@ def main(argv=None) -> int:
     if args.smoke:
         device, shapes = torch.device("cpu"), SMOKE_SHAPES
     elif torch.cuda.is_available():
-        device, shapes = torch.device("cuda"), SHAPES
+        device, shapes = torch.device("cuda"), args.shapes or SHAPES
     else:
         print("grouped_timing: expected a CUDA device (or --smoke for the CPU smoke test), found none", file=sys.stderr)
         return 2
