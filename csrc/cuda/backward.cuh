@@ -273,10 +273,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const acc_t w2 = load_param<acc_t>(weight, 2);
   const acc_t mb_bias = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);  // kMul: y's bias
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  // Grouped (GroupArgs): the row's expert, searched and its weights loaded after the row's
-  // loads are issued (as in forward). A row of no expert is loaded like any other and dropped
-  // (x, grad_y and rstd zeroed): it computes on zeros with zero weights and rstd, so grad_x = 0
-  // and its row terms 0.
+  // Grouped (GroupArgs): the row's expert, searched before its loads are issued, its weights
+  // read during the reduction (as in forward). A row of no expert is not read (x, grad_y and
+  // rstd): it computes on zeros with zero weights and rstd, so grad_x = 0 and its row terms 0.
   const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
@@ -288,18 +287,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
+    const int expert = !grouped ? 0 : active ? static_cast<int>(expert_of(grouping.offsets, row)) : E;  // E: none
+    const bool owned = !grouped || expert < E;
     acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
     const scalar_t* x_row = x + r * x_row_stride;
     const scalar_t* g_row = grad_y + r * g_row_stride;
     Pack xb[kPacks];
     Pack gb[kPacks];
-    if (active) {  // issued before the row's loads complete
+    if (active && owned) {  // issued before the row's loads complete
       r3 = rstd[row * 3 + 0];
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
-    issue_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign || same_phase);
-    issue_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
@@ -324,14 +325,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // A row one element past its slots: its last lane holds x[H - 1] and grad_y's (mul's) apart.
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
     const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
-    const bool holds_extra = extra && rl.lane == rl.G - 1;
-    auto x_last = load_extra(x_row, H, holds_extra);
-    auto g_last = load_extra(g_row, H, holds_extra);
-    // The row's expert and its weights (zeros for a row of no expert), while the row loads.
-    const int expert = !grouped ? 0 : active ? static_cast<int>(expert_of(grouping.offsets, row)) : E;  // E: none
-    const bool owned = !grouped || expert < E;
-    acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
-    if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
+    const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
+    const auto x_last = load_extra(x_row, H, holds_extra);
+    const auto g_last = load_extra(g_row, H, holds_extra);
     const auto m_last = kMul ? load_extra(mul.mul + r * mul.row_stride, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
@@ -343,12 +339,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
       finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
     }
-    if (kGrouped && !owned) {  // grouped, a row of no expert: what was loaded is dropped
-      drop_row(xb, x_ext);
-      drop_row(gb, g_ext);
-      x_last = g_last = 0;
-      r3 = r2 = r1 = acc_t(0);
-    }
 
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
     const auto add = [&](acc_t v, acc_t g) {
@@ -358,12 +348,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       s[2] += gx * v * v;
       s[3] += g;
     };
-    // Same phase (POLYNORM_IDLE_SKIP, bench only): a warp's slots past every chunk a row of H
-    // can reach (shift <= 15) hold zeros: their sums are skipped, as the aligned builds' are.
-    const int idle_chunks = static_cast<int>((15 + H * int64_t(sizeof(scalar_t)) + 15) / 16);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      if (kLayout == kAligned ? warp_idle(rl, i, packs) : kIdleSkip && same_phase && warp_idle(rl, i, idle_chunks)) continue;
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
       const Pack xi = same_phase ? realigned_pack(xb, x_ext, i, shift, rl) : xb[i];
       const Pack gi = same_phase ? realigned_pack(gb, g_ext, i, shift, rl) : gb[i];
       Pack mi = mb[kMul ? i : 0];
@@ -378,6 +365,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const acc_t g_e = kMul ? Elem<scalar_t>::to_acc(g_last) * Elem<scalar_t>::to_acc(m_last)
                            : Elem<scalar_t>::to_acc(g_last);
     if (extra) add(x_e, g_e);
+    // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
+    if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
     if (C > 1) {
       cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
     } else {

@@ -210,13 +210,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
   const acc_t e = static_cast<acc_t>(eps);
-  // Grouped (GroupArgs): a row's expert, E for a row of no expert or past M. Searched, and its
-  // parameters loaded, after the row's loads are issued, so that the search and the loads of
-  // offsets and parameters run while the row is in flight rather than before it (one wave of
-  // rows, M = 2048: the chain offsets -> search -> row -> parameters cost the grouped forward
-  // about 20% over the single-expert kernel, bench/NOTES.md v11). A row of no expert is
-  // loaded like any other (rows below M exist) and then dropped (drop_row: zeros, so that a
-  // NaN there reaches nothing); with zero parameters and rstd its y is 0.
+  // Grouped (GroupArgs): a row's expert, E for a row of no expert or past M. Searched before
+  // the row's loads are issued, so that a row of no expert is not read (a load of length 0,
+  // all zeros); it then computes with zero parameters and rstd: y = 0. The expert's
+  // parameters are read late (during the row's reduction), so that only the expert's index
+  // is live while the row is in registers.
   const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
   const auto expert_of_row = [&](int64_t row) {
@@ -230,8 +228,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
+    const int expert = grouped ? expert_of_row(row) : 0;
+    const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
-    issue_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
     // Same phase: mul's chunks as loaded, like x's.
@@ -253,14 +253,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // A row one element past its slots: its last lane holds x[H - 1] (and mul's) apart.
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
     const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
-    const bool holds_extra = extra && rl.lane == rl.G - 1;
-    auto x_last = load_extra(x_row, H, holds_extra);
+    const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
+    const auto x_last = load_extra(x_row, H, holds_extra);
     const auto m_last = kMul ? load_extra(mul.mul + (active ? row : 0) * mul.row_stride, H, holds_extra) : x_last;
-    // The row's expert and its parameters (zeros for a row of no expert), while the row loads.
-    const int expert = grouped ? expert_of_row(row) : 0;
-    const bool owned = !grouped || expert < E;
-    acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
-    if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {
       // The chunks as loaded, zero past the row's end (mul's too: its realigned packs reach the sums).
@@ -270,10 +265,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     } else {
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
     }
-    if (kGrouped && !owned) {  // grouped, a row of no expert: what was loaded is dropped
-      drop_row(buf, ext);
-      x_last = 0;
-    }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
     const auto add = [&](acc_t v) {
@@ -282,17 +273,17 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       s[1] += v2 * v2;
       s[2] += v2 * v2 * v2;
     };
-    // Same phase (POLYNORM_IDLE_SKIP, bench only): a warp's slots past every chunk a row of H
-    // can reach (shift <= 15) hold zeros: their sums are skipped, as the aligned builds' are.
-    const int idle_chunks = static_cast<int>((15 + H * int64_t(sizeof(scalar_t)) + 15) / 16);
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
-      if (kLayout == kAligned ? warp_idle(rl, i, packs) : kIdleSkip && same_phase && warp_idle(rl, i, idle_chunks)) continue;
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
       const Pack in = same_phase ? realigned_pack(buf, ext, i, shift, rl) : buf[i];
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) add(P::value(in, k));
     }
     if (extra) add(Elem<scalar_t>::to_acc(x_last));  // zero but on the row's last lane
+    // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
+    acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
+    if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
     if (C > 1) {
       cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
     } else {

@@ -232,10 +232,6 @@ __device__ __forceinline__ RowLane row_lane(int G, int C) {
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
 // their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
 // skip cost more in spills than it saved, bench/NOTES.md v5).
-#ifndef POLYNORM_IDLE_SKIP
-#define POLYNORM_IDLE_SKIP 0
-#endif
-constexpr bool kIdleSkip = POLYNORM_IDLE_SKIP != 0;
 __device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
   return rl.base - rl.j + i * rl.W >= packs;
 }
@@ -264,7 +260,9 @@ __device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
 // last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
 // tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
 // pack's index, and the segment's last lane also the chunk after its segment (`ext`).
-template <typename scalar_t, int kPacks>
+// kMayBeEmpty (the grouped builds, kGrouped): H may be 0, which loads nothing (every pack
+// zero): a grouped row of no expert.
+template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
                                           const RowLane& rl, bool realign_rows) {
   constexpr int kVec = PackOf<scalar_t>::kVec;
@@ -273,8 +271,9 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   // Pointer arithmetic, not an integer's: the compiler keeps the global address space (LDG).
   const Pack* src = reinterpret_cast<const Pack*>(reinterpret_cast<const char*>(row) - shift);
   // Chunks covering the row: its packs, or one more when a misaligned row spills over.
-  const int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
-                                  : static_cast<int>((H + kVec - 1) / kVec);
+  int chunks = realign_rows ? static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16)
+                            : static_cast<int>((H + kVec - 1) / kVec);
+  if (kMayBeEmpty && H == 0) chunks = 0;  // not even the chunk where a misaligned row starts
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     const int p = rl.base + i * rl.W;
@@ -283,15 +282,6 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   if (realign_rows) {
     ext = (rl.j == rl.W - 1 && rl.seg_end < chunks) ? src[rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
   }
-}
-
-// A grouped row of no expert (GroupArgs): its packs, loaded like any row's, dropped (zeros),
-// so that nothing read there (NaN in a capacity buffer's padding) reaches a sum or an output.
-template <int kPacks>
-__device__ __forceinline__ void drop_row(Pack (&buf)[kPacks], Pack& ext) {
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) buf[i] = make_uint4(0u, 0u, 0u, 0u);
-  ext = make_uint4(0u, 0u, 0u, 0u);
 }
 
 // Zeroes what a row's chunks hold past its end, once a row: the bytes from `end` (the row's end,
