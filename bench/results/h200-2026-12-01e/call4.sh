@@ -16,7 +16,7 @@ stamp build
 rep="$OUT/ncu_grouped"
 (cd /tmp && timeout 120 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
   --section WarpStateStats --section SourceCounters --section LaunchStats --import-source yes \
-  -k regex:row_kernel --launch-skip 2 -c 4 -f -o "$rep" python3 "$HERE/grouped_profile.py" 16384 4096 64 > "$rep.log" 2>&1)
+  -k regex:row_kernel --launch-skip 4 -c 4 -f -o "$rep" python3 "$HERE/grouped_profile.py" 16384 4096 64 > "$rep.log" 2>&1)
 echo "ncu rc=$?"
 ncu --import "$rep.ncu-rep" --page details --print-details all > "$rep.txt" 2>&1
 ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1
