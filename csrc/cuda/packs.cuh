@@ -232,6 +232,10 @@ __device__ __forceinline__ RowLane row_lane(int G, int C) {
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
 // their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
 // skip cost more in spills than it saved, bench/NOTES.md v5).
+#ifndef POLYNORM_ROLL_PREFETCH
+#define POLYNORM_ROLL_PREFETCH 0
+#endif
+constexpr bool kRollPrefetch = POLYNORM_ROLL_PREFETCH != 0;  // forward.cuh, the row kernel's output loop
 __device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
   return rl.base - rl.j + i * rl.W >= packs;
 }

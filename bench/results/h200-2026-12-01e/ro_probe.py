@@ -6,7 +6,8 @@ Issue 14, target 4. Times one training step (forward and torch.autograd.grad, as
 polynorm_cuda_reduce_overhead provider does) in several forms, each as the median of
 triton.testing.do_bench over a copy + add floor of the same bytes timed here, with the host
 time a step (wall clock of 200 steps, then a synchronize), and prints the inductor counters
-(cudagraph skips) and a profile of 5 steps of the bench form. Diagnostic only.
+(cudagraph skips) and a profile of 5 steps of the bench form. layer_norm's step, eager and
+under reduce-overhead, is the native baseline (added after call 3; not yet run). Diagnostic only.
 """
 import functools
 import time
@@ -78,6 +79,25 @@ def forms(M, H):
         torch.compiler.cudagraph_mark_step_begin()
         return torch.autograd.grad(ro_static(xs, ws, bs), (xs, ws, bs), gys)
 
+    # The native baseline: layer_norm (bf16 x, fp32 affine parameters as PolyNorm's), eager and
+    # under reduce-overhead, the same step.
+    wl = torch.ones(H, device="cuda", requires_grad=True)
+    bl = torch.zeros(H, device="cuda", requires_grad=True)
+
+    def layer_norm(t, w_, b_):
+        return torch.nn.functional.layer_norm(t, (t.shape[-1],), w_.to(t.dtype), b_.to(t.dtype), EPS)
+
+    ln_ro = torch.compile(layer_norm, mode="reduce-overhead", dynamic=False)
+
+    def ln_eager_step():
+        return torch.autograd.grad(layer_norm(x, wl, bl), (x, wl, bl), gy)
+
+    def ln_ro_step():
+        torch.compiler.cudagraph_mark_step_begin()
+        return torch.autograd.grad(ln_ro(x, wl, bl), (x, wl, bl), gy)
+
+    yield "layer_norm, eager", ln_eager_step
+    yield "layer_norm, reduce-overhead", ln_ro_step
     yield "eager", eager_step
     yield "reduce-overhead, static inputs", ro_static_step
     yield "reduce-overhead, autograd.grad (bench)", ro_bench_step
