@@ -47,5 +47,27 @@ __device__ __forceinline__ int64_t expert_of(const ExpertOffsets& o, int64_t row
   return lo;
 }
 
+// The same expert by a warp vote, for a row that every lane of the warp holds (the row kernels'
+// rows of 32 threads or more): lane l reads offsets[k + l] for k = 0, 32, ... and the expert is
+// the number of offsets <= row, which for nondecreasing offsets is expert_of's first e with
+// offsets[e] > row (E / 32 reads a lane, independent, against log2(E) dependent ones; always in
+// [0, E]). Bench only until measured: POLYNORM_BALLOT_SEARCH=1 (bench/NOTES.md, v11).
+#ifndef POLYNORM_BALLOT_SEARCH
+#define POLYNORM_BALLOT_SEARCH 0
+#endif
+constexpr bool kBallotSearch = POLYNORM_BALLOT_SEARCH != 0;
+__device__ __forceinline__ int64_t expert_of_warp(const ExpertOffsets& o, int64_t row) {
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned E = static_cast<unsigned>(o.E);  // < 2^31: the launchers check it
+  unsigned count = 0;
+  for (unsigned k = 0; k < E; k += 32) {
+    const unsigned e = k + lane;
+    const unsigned vote = __ballot_sync(0xffffffffu, e < E && offset_at(o, e) <= row);
+    count += __popc(vote);
+    if (vote != 0xffffffffu) break;  // an offset past the row: the rest are too (nondecreasing)
+  }
+  return count;
+}
+
 }  // namespace
 }  // namespace polynorm

@@ -218,7 +218,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool grouped = kGrouped && !kMul && grouping.offsets.ptr != nullptr;
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
   const auto expert_of_row = [&](int64_t row) {
-    return row < M ? static_cast<int>(expert_of(grouping.offsets, row)) : E;
+    if (row >= M) return E;
+    // A row of 32 threads or more: every lane of the warp has it, so the warp may vote.
+    if (kBallotSearch && rl.G >= 32) return static_cast<int>(expert_of_warp(grouping.offsets, row));
+    return static_cast<int>(expert_of(grouping.offsets, row));
   };
 
   const int64_t step = clusters * R;
