@@ -226,9 +226,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 
   const int64_t step = clusters * R;
   Pack ext;
-  // POLYNORM_ROLL_PREFETCH (bench only, bench/NOTES.md v11): aligned rows of one CTA on a
-  // persistent grid load the next row's pack i as soon as this row's pack i is stored, so that
-  // the memory pipe stays busy while the row's outputs are computed (one row's registers).
+  // POLYNORM_ROLL_PREFETCH (bench only, bench/NOTES.md v11): aligned rows of one CTA load the
+  // next row's pack i as soon as this row's pack i is stored, so that the memory pipe stays busy
+  // while the row's outputs are computed (one row's registers). Only a persistent grid has a next
+  // row: the forward's is one under _tune_rows(grid_waves >= 1), not the table's (a block per R rows).
   const bool roll = kRollPrefetch && kLayout == kAligned && !kGrouped && C == 1;
   bool prefetched = false;
   Pack buf[kPacks];
