@@ -176,7 +176,7 @@ def poly_norm_grouped(
     rows with ``weight[e]`` and ``bias[e]``, in one launch for all experts. Differentiable in
     x, weight and bias.
 
-    Group boundaries are read on the device (a binary search of offsets per row): no host
+    Group boundaries are read on the device (a search of offsets per row): no host
     synchronisation, so it can be captured in a CUDA graph and compiled. Rows at or past
     ``offsets[E-1]`` (padding of a capacity-sized buffer) belong to no expert: they are not
     read, y is 0 there and so is their gradient. Empty experts are allowed (their weight and

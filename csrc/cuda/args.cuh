@@ -31,9 +31,10 @@ struct MulArgs {
 // the fused op's builds, kMul = true, compile it out). The kernel's weight and bias are then
 // the [E, 3] and [E] (or [E, 1]) tensors: weight.stride steps between an expert's w0, w1, w2,
 // and the expert strides below between experts. Per row:
-// - the row's expert e is the first with offsets[e] > row (expert_of, a binary search, done
-//   before the row's loads are issued: it runs while few registers are live); its w0, w1, w2
-//   and b are read for the row (L1-cached) instead of the kernel-wide values;
+// - the row's expert e is the first with offsets[e] > row (expert_of_warp, a warp vote, for
+//   aligned rows of a warp or more; expert_of, a binary search, for the others), found before
+//   the row's loads are issued (it runs while few registers are live); its w0, w1, w2 and b
+//   are read for the row (L1-cached) instead of the kernel-wide values;
 // - a row at or past offsets[E-1] (e = E) belongs to no expert: it is not read (a load of
 //   length 0), it computes on zeros with zero parameters, and its y, rstd, grad_x and row
 //   terms are 0;

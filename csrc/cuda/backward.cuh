@@ -296,10 +296,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int64_t r = active ? row : 0;
     int expert = 0;  // E: none
     if (grouped) {
-      // A row of 32 threads or more: every lane of the warp has it, so the warp may vote.
-      expert = !active                         ? E
-               : kBallotSearch && rl.G >= 32 ? static_cast<int>(expert_of_warp(grouping.offsets, row))
-                                               : static_cast<int>(expert_of(grouping.offsets, row));
+      // A row of 32 threads or more: every lane of the warp has it, so the warp votes (aligned
+      // builds; the realigning ones keep the binary search: the vote's registers spill there).
+      expert = !active                                ? E
+               : kLayout == kAligned && rl.G >= 32 ? static_cast<int>(expert_of_warp(grouping.offsets, row))
+                                                      : static_cast<int>(expert_of(grouping.offsets, row));
     }
     const bool owned = !grouped || expert < E;
     acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);

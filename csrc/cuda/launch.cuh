@@ -288,6 +288,28 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (!kMul) {
     if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
   }
+#if POLYNORM_STAGED_ROWS
+  // Bench only (bench/NOTES.md v12): aligned rows of one CTA take the staged row kernel on a
+  // persistent grid (grid_waves under _tune_rows; at least 1).
+  if (layout == kAligned && kWide && row.cluster == 1 && !grouped && (!kMul || mul.vec_ok)) {
+    const auto staged = &poly_norm_fwd_staged_row_kernel<scalar_t, kPacks, kMul>;
+    const size_t bytes = size_t(row.threads) * kPacks * sizeof(Pack) * (kMul ? 2 : 1);
+    static const bool allowed = [&] {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kRowWideThreads * kPacks * int(sizeof(Pack)) * (kMul ? 2 : 1)));
+      return true;
+    }();
+    (void)allowed;
+    const int rows_a_block = row.threads / row.G;
+    const int64_t blocks = (M + rows_a_block - 1) / rows_a_block;
+    const int64_t grid = std::max<int64_t>(
+        1, std::min<int64_t>(blocks, std::max(1, tuning.grid_waves) * resident_blocks(staged, row.threads, bytes)));
+    staged<<<static_cast<unsigned>(grid), row.threads, bytes, stream>>>(x_ptr, x_stride, y_ptr, rstd, weight, bias,
+                                                                        mul, M, H, eps, row.G);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+#endif
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
   // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
   // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op

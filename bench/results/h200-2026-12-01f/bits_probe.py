@@ -35,7 +35,7 @@ def main() -> None:
             y, rstd = ops.forward(x, w, b, EPS)
             dx, dw, db = ops.backward(gy, x, w, rstd)
             my, mrstd = ops.mul_forward(x, mul, w, b, EPS)
-            mdx, mdm, mdw, mdb = ops.mul_backward(gy, x, mul, w, mrstd)
+            mdx, mdm, mdw, mdb = ops.mul_backward(gy, x, mul, w, b, mrstd)
             torch.cuda.synchronize()
             print(f"{str(dtype)[6:]:9s} M={M:6d} H={H:6d} fwd {digest(y, rstd)} bwd {digest(dx)} dWdB {digest(dw, db)} "
                   f"mul_fwd {digest(my, mrstd)} mul_bwd {digest(mdx, mdm)} mul_dWdB {digest(mdw, mdb)}", flush=True)
