@@ -5,6 +5,7 @@
 #pragma once
 
 #include "args.cuh"
+#include "bulk_copy.cuh"
 #include "launch_plan.h"
 #include "packs.cuh"
 #include "reduce.cuh"
@@ -281,6 +282,36 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   const int64_t step = clusters * R;
+#if POLYNORM_STAGED_ROWS
+  // Bench only (bench/NOTES.md v12; forward.cuh's staged kernel): aligned rows of one CTA get
+  // x, grad_y (and mul) into shared memory (the launch's dynamic shared memory, [tensor][block
+  // threads * kPacks] packs) by bulk copies that the row's lane 0 issues for the block's next
+  // row once every lane has read this one (after the reduction).
+  const bool staged = kLayout == kAligned && !kGrouped && C == 1 && (!kMul || mul.vec_ok);
+  __shared__ uint64_t full[kRowMinThreads];
+  constexpr int kTensors = kMul ? 3 : 2;
+  Pack* const slot = reinterpret_cast<Pack*>(cluster_slots) + group * G * kPacks;
+  const int tensor_offset = static_cast<int>(blockDim.x) * kPacks;
+  const uint32_t row_bytes = static_cast<uint32_t>(H * int64_t(sizeof(scalar_t)));
+  uint64_t* const bar = &full[group];
+  const auto issue_staged = [&](int64_t row) {
+    barrier_arrive_expect(bar, kTensors * row_bytes);
+    bulk_load(slot, x + row * x_row_stride, row_bytes, bar);
+    bulk_load(slot + tensor_offset, grad_y + row * g_row_stride, row_bytes, bar);
+    if constexpr (kMul) bulk_load(slot + 2 * tensor_offset, mul.mul + row * mul.row_stride, row_bytes, bar);
+  };
+  if (staged) {
+    if (rl.lane == 0) {
+      barrier_init(bar, 1);
+      barrier_init_fence();
+    }
+    __syncthreads();
+    if (rl.lane == 0 && cluster_id * R + group < M) issue_staged(cluster_id * R + group);
+  }
+  uint32_t phase = 0;
+#else
+  constexpr bool staged = false;
+#endif
   Pack x_ext, g_ext;
   // POLYNORM_ROLL_PREFETCH (bench only): as in forward, the next row's packs are loaded as
   // this row's outputs are stored (aligned rows of one CTA; the grid is persistent).
@@ -311,7 +342,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
-    if (!prefetched) {
+    if (staged) {
+#if POLYNORM_STAGED_ROWS
+      if (active) barrier_wait(bar, phase);
+      const int row_packs = static_cast<int>(H / P::kVec);
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        const int p = rl.base + i * rl.W;
+        const bool in = active && p < row_packs;
+        xb[i] = in ? slot[p] : make_uint4(0u, 0u, 0u, 0u);
+        gb[i] = in ? slot[tensor_offset + p] : make_uint4(0u, 0u, 0u, 0u);
+        if constexpr (kMul) mb[i] = in ? slot[2 * tensor_offset + p] : make_uint4(0u, 0u, 0u, 0u);
+      }
+#endif
+    } else if (!prefetched) {
       issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
       issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     }
@@ -322,7 +366,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       const scalar_t* m_row = mul.mul + r * mul.row_stride;
       if (same_phase) {
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
-      } else if (!prefetched) {
+      } else if (!prefetched && !staged) {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {
@@ -386,6 +430,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     } else {
       row_reduce<4>(s, red[parity], rl);
     }
+#if POLYNORM_STAGED_ROWS
+    // Every lane of the row has read its slot: the slot takes the next row.
+    if (staged && rl.lane == 0 && row + step < M) issue_staged(row + step);
+#endif
 
     if (grouped) {
       // The row's share of its expert's [dw0, dw1, dw2, db]: the terms `part` adds below.
@@ -489,6 +537,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
+#if POLYNORM_STAGED_ROWS
+    phase ^= 1u;
+#endif
   }
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums

@@ -1,11 +1,15 @@
 // Bulk copies from device memory into shared memory (sm_90: cp.async.bulk, the TMA unit's
-// non-tensor form) completed on an mbarrier, for the staged row kernels (forward.cuh's
-// poly_norm_fwd_staged_row_kernel). One thread issues a row's copy; every lane of the row waits
-// on the row's barrier for the bytes to land. Bench only until measured (POLYNORM_STAGED_ROWS,
-// bench/NOTES.md v12).
+// non-tensor form) completed on an mbarrier, for the staged rows of backward.cuh's row kernel.
+// One thread issues a row's copies; every lane of the row waits on the row's barrier for the
+// bytes to land. Bench only until measured (POLYNORM_STAGED_ROWS=1, bench/NOTES.md v12; the
+// staged forward lost: h200-2026-12-01f/call2_t.patch).
 #pragma once
 
 #include <cstdint>
+
+#ifndef POLYNORM_STAGED_ROWS
+#define POLYNORM_STAGED_ROWS 0
+#endif
 
 namespace polynorm {
 namespace {

@@ -5,7 +5,6 @@
 #pragma once
 
 #include "args.cuh"
-#include "bulk_copy.cuh"
 #include "launch_plan.h"
 #include "packs.cuh"
 #include "reduce.cuh"
@@ -372,124 +371,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     }
   }
 }
-
-// Forward, staged row kernel (bench only until measured: POLYNORM_STAGED_ROWS, bench/NOTES.md
-// v12). Aligned rows of one CTA (the wide builds' geometry, kPacks packs a lane), a persistent
-// grid. A row's bytes (and mul's) reach shared memory by a bulk copy that the row's lane 0
-// issues as soon as every lane has read the slot's previous row (after that row's reduction),
-// so that the copy of the block's next row is in flight while this row's outputs are computed
-// and stored, and while the other blocks of the SM compute. The lanes then read their packs
-// from shared memory into the row kernel's registers: the same packs, sums, reduction and
-// outputs, so the same bits.
-#ifndef POLYNORM_STAGED_ROWS
-#define POLYNORM_STAGED_ROWS 0
-#endif
-#if POLYNORM_STAGED_ROWS
-template <typename scalar_t, int kPacks, bool kMul>
-__global__ void __launch_bounds__(kRowWideThreads, row_min_blocks(kRowWideThreads, (kMul ? 2 : 1) * kPacks, false))
-    poly_norm_fwd_staged_row_kernel(
-    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart, 16-byte aligned
-    int64_t x_row_stride,
-    scalar_t* __restrict__ y,                      // [M, H] contiguous, H a multiple of the pack width
-    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
-    ParamRef bias,                                 // (1,) any float dtype
-    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul (rows aligned)
-    int64_t M,
-    int64_t H,
-    double eps,
-    int G) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  constexpr int kTensors = kMul ? 2 : 1;
-  __shared__ acc_t red[2][kRowWideThreads / 32][3];
-  __shared__ uint64_t full[kRowMinThreads];  // a barrier a row of the block (R <= 128)
-  extern __shared__ __align__(16) unsigned char stage_bytes[];  // [kTensors][blockDim.x * kPacks] packs
-
-  const RowLane rl = row_lane<kPacks>(G, 1);
-  const RowBlock blk = row_block(G, 1);
-  const int R = blk.R;
-  const int group = blk.group;
-  Pack* slot = reinterpret_cast<Pack*>(stage_bytes) + group * G * kPacks;  // the row's x; its mul blockDim.x * kPacks on
-  const int mul_offset = static_cast<int>(blockDim.x) * kPacks;
-  const int packs = static_cast<int>(H / P::kVec);
-  const uint32_t row_bytes = static_cast<uint32_t>(H * int64_t(sizeof(scalar_t)));
-  const int64_t step = int64_t(gridDim.x) * R;
-  uint64_t* bar = &full[group];
-  const bool leader = rl.lane == 0;
-  const auto issue = [&](int64_t row) {
-    barrier_arrive_expect(bar, kTensors * row_bytes);
-    bulk_load(slot, x + row * x_row_stride, row_bytes, bar);
-    if constexpr (kMul) bulk_load(slot + mul_offset, mul.mul + row * mul.row_stride, row_bytes, bar);
-  };
-  if (leader) {
-    barrier_init(bar, 1);
-    barrier_init_fence();
-  }
-  __syncthreads();
-  if (leader && int64_t(blockIdx.x) * R + group < M) issue(int64_t(blockIdx.x) * R + group);
-
-  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
-  const acc_t w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  const acc_t e = static_cast<acc_t>(eps);
-  uint32_t phase = 0;
-  int parity = 0;
-  for (int64_t first = int64_t(blockIdx.x) * R; first < M; first += step, phase ^= 1u, parity ^= 1) {
-    const int64_t row = first + group;
-    const bool active = row < M;  // an inactive row (R > 1: rows of one warp) has no barrier above
-    if (active) barrier_wait(bar, phase);
-    Pack buf[kPacks];
-    Pack mb[kMul ? kPacks : 1];
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int p = rl.base + i * rl.W;
-      const bool in = active && p < packs;
-      buf[i] = in ? slot[p] : make_uint4(0u, 0u, 0u, 0u);
-      if constexpr (kMul) mb[i] = in ? slot[mul_offset + p] : make_uint4(0u, 0u, 0u, 0u);
-    }
-    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      if (warp_idle(rl, i, packs)) continue;
-#pragma unroll
-      for (int k = 0; k < P::kVec; ++k) {
-        const acc_t v = P::value(buf[i], k);
-        const acc_t v2 = v * v;
-        s[0] += v2;
-        s[1] += v2 * v2;
-        s[2] += v2 * v2 * v2;
-      }
-    }
-    row_reduce<3>(s, red[parity], rl);
-    // Every lane of the row has read the slot (its values fed the sums, and rows of several
-    // warps passed row_reduce's barrier): the slot takes the next row.
-    if (leader && row + step < M) issue(row + step);
-
-    const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
-    const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
-    const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
-    if (active && leader) {
-      rstd[row * 3 + 0] = r3;
-      rstd[row * 3 + 1] = r2;
-      rstd[row * 3 + 2] = r1;
-    }
-    const acc_t a3 = w0 * r3, a2 = w1 * r2, a1 = w2 * r1;
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(buf[i]);
-      if (warp_idle(rl, i, packs)) continue;
-      buf[i] = P::make([&](int k) {
-        const acc_t v = P::value(buf[i], k);
-        const acc_t yv = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
-        if constexpr (kMul) return yv * P::value(mb[i], k);
-        return yv;
-      });
-    }
-    store_row<scalar_t, kPacks>(y + (active ? row : 0) * H, buf, H, rl, false, active);
-  }
-}
-#endif  // POLYNORM_STAGED_ROWS
 
 }  // namespace
 }  // namespace polynorm

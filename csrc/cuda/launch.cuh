@@ -247,7 +247,7 @@ template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
                        cudaStream_t stream, Args&&... args) {
   if (plan.cluster == 1) {
-    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
+    kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -288,28 +288,6 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if constexpr (!kMul) {
     if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
   }
-#if POLYNORM_STAGED_ROWS
-  // Bench only (bench/NOTES.md v12): aligned rows of one CTA take the staged row kernel on a
-  // persistent grid (grid_waves under _tune_rows; at least 1).
-  if (layout == kAligned && kWide && row.cluster == 1 && !grouped && (!kMul || mul.vec_ok)) {
-    const auto staged = &poly_norm_fwd_staged_row_kernel<scalar_t, kPacks, kMul>;
-    const size_t bytes = size_t(row.threads) * kPacks * sizeof(Pack) * (kMul ? 2 : 1);
-    static const bool allowed = [&] {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(staged, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kRowWideThreads * kPacks * int(sizeof(Pack)) * (kMul ? 2 : 1)));
-      return true;
-    }();
-    (void)allowed;
-    const int rows_a_block = row.threads / row.G;
-    const int64_t blocks = (M + rows_a_block - 1) / rows_a_block;
-    const int64_t grid = std::max<int64_t>(
-        1, std::min<int64_t>(blocks, std::max(1, tuning.grid_waves) * resident_blocks(staged, row.threads, bytes)));
-    staged<<<static_cast<unsigned>(grid), row.threads, bytes, stream>>>(x_ptr, x_stride, y_ptr, rstd, weight, bias,
-                                                                        mul, M, H, eps, row.G);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return;
-  }
-#endif
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
   // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
   // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
@@ -379,7 +357,21 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
-  launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
+  size_t launch_smem = smem;
+#if POLYNORM_STAGED_ROWS
+  // Bench only (bench/NOTES.md v12): the staged rows' shared memory (the grid stays the one sized
+  // above, so dW and dB keep their order).
+  if (layout == kAligned && !grouped && row.cluster == 1 && (!kMul || mul.vec_ok)) {
+    launch_smem = size_t(row.threads) * kPacks * sizeof(Pack) * (kMul ? 3 : 2);
+    static const bool allowed = [&] {
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          kRowWideThreads * kPacks * int(sizeof(Pack)) * (kMul ? 3 : 2)));
+      return true;
+    }();
+    (void)allowed;
+  }
+#endif
+  launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
 }
 
