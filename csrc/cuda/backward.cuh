@@ -5,7 +5,6 @@
 #pragma once
 
 #include "args.cuh"
-#include "bulk_copy.cuh"
 #include "launch_plan.h"
 #include "packs.cuh"
 #include "reduce.cuh"
@@ -282,44 +281,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   const int64_t step = clusters * R;
-#if POLYNORM_STAGED_ROWS
-  // Bench only (bench/NOTES.md v12; forward.cuh's staged kernel): aligned rows of one CTA get
-  // x, grad_y (and mul) into shared memory (the launch's dynamic shared memory, [tensor][block
-  // threads * kPacks] packs) by bulk copies that the row's lane 0 issues for the block's next
-  // row once every lane has read this one (after the reduction).
-  const bool staged = kLayout == kAligned && !kGrouped && C == 1 && (!kMul || mul.vec_ok);
-  __shared__ uint64_t full[kRowMinThreads];
-  constexpr int kTensors = kMul ? 3 : 2;
-  Pack* const slot = reinterpret_cast<Pack*>(cluster_slots) + group * G * kPacks;
-  const int tensor_offset = static_cast<int>(blockDim.x) * kPacks;
-  const uint32_t row_bytes = static_cast<uint32_t>(H * int64_t(sizeof(scalar_t)));
-  uint64_t* const bar = &full[group];
-  const auto issue_staged = [&](int64_t row) {
-    barrier_arrive_expect(bar, kTensors * row_bytes);
-    bulk_load(slot, x + row * x_row_stride, row_bytes, bar);
-    bulk_load(slot + tensor_offset, grad_y + row * g_row_stride, row_bytes, bar);
-    if constexpr (kMul) bulk_load(slot + 2 * tensor_offset, mul.mul + row * mul.row_stride, row_bytes, bar);
-  };
-  if (staged) {
-    if (rl.lane == 0) {
-      barrier_init(bar, 1);
-      barrier_init_fence();
-    }
-    __syncthreads();
-    if (rl.lane == 0 && cluster_id * R + group < M) issue_staged(cluster_id * R + group);
-  }
-  uint32_t phase = 0;
-#else
-  constexpr bool staged = false;
-#endif
   Pack x_ext, g_ext;
-  // POLYNORM_ROLL_PREFETCH (bench only): as in forward, the next row's packs are loaded as
-  // this row's outputs are stored (aligned rows of one CTA; the grid is persistent).
-  const bool roll = kRollPrefetch && kLayout == kAligned && !kGrouped && C == 1;
-  bool prefetched = false;
-  Pack xb[kPacks];
-  Pack gb[kPacks];
-  Pack mb[kMul ? kPacks : 1] = {};
   int parity = 0;
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
@@ -337,36 +299,24 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
     const scalar_t* x_row = x + r * x_row_stride;
     const scalar_t* g_row = grad_y + r * g_row_stride;
+    Pack xb[kPacks];
+    Pack gb[kPacks];
     if (active && owned) {  // issued before the row's loads complete
       r3 = rstd[row * 3 + 0];
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
-    if (staged) {
-#if POLYNORM_STAGED_ROWS
-      if (active) barrier_wait(bar, phase);
-      const int row_packs = static_cast<int>(H / P::kVec);
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        const int p = rl.base + i * rl.W;
-        const bool in = active && p < row_packs;
-        xb[i] = in ? slot[p] : make_uint4(0u, 0u, 0u, 0u);
-        gb[i] = in ? slot[tensor_offset + p] : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (kMul) mb[i] = in ? slot[2 * tensor_offset + p] : make_uint4(0u, 0u, 0u, 0u);
-      }
-#endif
-    } else if (!prefetched) {
-      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
-    }
+    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
+    Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + r * mul.row_stride;
       if (same_phase) {
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
-      } else if (!prefetched && !staged) {
+      } else {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {
@@ -430,10 +380,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     } else {
       row_reduce<4>(s, red[parity], rl);
     }
-#if POLYNORM_STAGED_ROWS
-    // Every lane of the row has read its slot: the slot takes the next row.
-    if (staged && rl.lane == 0 && row + step < M) issue_staged(row + step);
-#endif
 
     if (grouped) {
       // The row's share of its expert's [dw0, dw1, dw2, db]: the terms `part` adds below.
@@ -488,36 +434,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), shift, end);
         if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), shift, end);
       }
-    } else if (roll) {
-      // Pack i of grad_x (and grad_mul) stored, then pack i of the next row's x, grad_y (and
-      // mul) loaded into its registers (row 0 past M, as at the loop's top).
-      const int64_t next_first = first + step;
-      const bool more = next_first < M;  // the same for the whole block
-      const int64_t next_row = next_first + group < M ? next_first + group : 0;
-      const Pack* next_x = reinterpret_cast<const Pack*>(x + next_row * x_row_stride);
-      const Pack* next_g = reinterpret_cast<const Pack*>(grad_y + next_row * g_row_stride);
-      Pack* dx_dst = reinterpret_cast<Pack*>(grad_x + r * H);
-      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(mul.grad_mul + r * H) : nullptr;
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        keep_raw(xb[i]);
-        keep_raw(gb[i]);
-        const int p = rl.base + i * rl.W;
-        if (!warp_idle(rl, i, packs)) {
-          const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
-          if (active && p < packs) {
-            dx_dst[p] = dx_of(xp, gp, mp);
-            if constexpr (kMul) gm_dst[p] = grad_mul_of(xp, gp);
-          }
-        }
-        xb[i] = more && p < packs ? next_x[p] : make_uint4(0u, 0u, 0u, 0u);
-        gb[i] = more && p < packs ? next_g[p] : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (kMul) {
-          mb[i] = more && p < packs ? load_pack(mul.mul + next_row * mul.row_stride, p, H, mul.vec_ok)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-      prefetched = more;
     } else {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
@@ -537,9 +453,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
-#if POLYNORM_STAGED_ROWS
-    phase ^= 1u;
-#endif
   }
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums

@@ -227,14 +227,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 
   const int64_t step = clusters * R;
   Pack ext;
-  // POLYNORM_ROLL_PREFETCH (bench only, bench/NOTES.md v11): aligned rows of one CTA load the
-  // next row's pack i as soon as this row's pack i is stored, so that the memory pipe stays busy
-  // while the row's outputs are computed (one row's registers). Only a persistent grid has a next
-  // row: the forward's is one under _tune_rows(grid_waves >= 1), not the table's (a block per R rows).
-  const bool roll = kRollPrefetch && kLayout == kAligned && !kGrouped && C == 1;
-  bool prefetched = false;
-  Pack buf[kPacks];
-  Pack mb[kMul ? kPacks : 1] = {};
   int parity = 0;
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
@@ -242,16 +234,18 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
     const int expert = grouped ? expert_of_row(row) : 0;
     const bool owned = !grouped || expert < E;
-    if (!prefetched) issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    Pack buf[kPacks];
+    issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
     // Same phase: mul's chunks as loaded, like x's.
+    Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     if constexpr (kMul) {
       const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
       if (same_phase) {
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
-      } else if (!prefetched) {
+      } else {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {
@@ -335,29 +329,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
         store_own_chunk<scalar_t>(dst, rl.seg_end, output(ext, m_ext), shift, end);
       }
-    } else if (roll) {
-      // Pack i of y stored, then pack i of the next row (this group's row a step on, or row 0
-      // past M, as at the loop's top) loaded into its registers, x's and mul's.
-      const int64_t next_first = first + step;
-      const bool more = next_first < M;  // the same for the whole block
-      const int64_t next_row = next_first + group < M ? next_first + group : 0;
-      const Pack* next_x = reinterpret_cast<const Pack*>(x + next_row * x_row_stride);
-      Pack* dst = reinterpret_cast<Pack*>(y_row);
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        keep_raw(buf[i]);
-        const int p = rl.base + i * rl.W;
-        if (!warp_idle(rl, i, packs)) {
-          const Pack out = output(buf[i], mb[kMul ? i : 0]);
-          if (active && p < packs) dst[p] = out;
-        }
-        buf[i] = more && p < packs ? next_x[p] : make_uint4(0u, 0u, 0u, 0u);
-        if constexpr (kMul) {
-          mb[i] = more && p < packs ? load_pack(mul.mul + next_row * mul.row_stride, p, H, mul.vec_ok)
-                                    : make_uint4(0u, 0u, 0u, 0u);
-        }
-      }
-      prefetched = more;
     } else {
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {

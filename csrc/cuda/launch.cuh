@@ -247,7 +247,7 @@ template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
                        cudaStream_t stream, Args&&... args) {
   if (plan.cluster == 1) {
-    kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream>>>(std::forward<Args>(args)...);
+    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -357,21 +357,7 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
-  size_t launch_smem = smem;
-#if POLYNORM_STAGED_ROWS
-  // Bench only (bench/NOTES.md v12): the staged rows' shared memory (the grid stays the one sized
-  // above, so dW and dB keep their order).
-  if (layout == kAligned && !grouped && row.cluster == 1 && (!kMul || mul.vec_ok)) {
-    launch_smem = size_t(row.threads) * kPacks * sizeof(Pack) * (kMul ? 3 : 2);
-    static const bool allowed = [&] {
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          kRowWideThreads * kPacks * int(sizeof(Pack)) * (kMul ? 3 : 2)));
-      return true;
-    }();
-    (void)allowed;
-  }
-#endif
-  launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
+  launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
 }
 

@@ -228,13 +228,6 @@ __device__ __forceinline__ RowLane row_lane(int G, int C) {
   return RowLane{lane, Gt, W, wlog, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
 }
 
-// Bench only until measured (bench/NOTES.md v11): the aligned row kernels of one CTA (forward.cuh,
-// backward.cuh) load the next row's pack i as this row's pack i is stored.
-#ifndef POLYNORM_ROLL_PREFETCH
-#define POLYNORM_ROLL_PREFETCH 0
-#endif
-constexpr bool kRollPrefetch = POLYNORM_ROLL_PREFETCH != 0;
-
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
 // their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
