@@ -29,9 +29,9 @@ from polynorm.reference import poly_norm as reference
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
 # Column name: _tune_rows keywords (forward, backward); {} is the table's.
 POLY_NORM = {"f": {}, "fw0": {"grid_waves": 0}, "fw1": {"grid_waves": 1}, "fw2": {"grid_waves": 2}}
-POLY_NORM_BWD = {"b": {}, "bw2": {"grid_waves": 2}, "bw4": {"grid_waves": 4}}
+POLY_NORM_BWD = {"b": {}, "bw0": {"grid_waves": 0}, "bw2": {"grid_waves": 2}, "bw4": {"grid_waves": 4}}
 MUL = {"mf": {}, "mfw0": {"grid_waves": 0}, "mfw1": {"grid_waves": 1}}
-MUL_BWD = {"mb": {}, "mbw2": {"grid_waves": 2}}
+MUL_BWD = {"mb": {}, "mbw0": {"grid_waves": 0}, "mbw2": {"grid_waves": 2}}
 
 
 def bench(fn) -> float:
