@@ -9,7 +9,7 @@
 #   smoke    the smoke subset (pytest -m smoke): every backend, dtype and layout once
 #   profile  bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
 #   ncu      an Nsight Compute profile of the row kernels at H = 5125, ~1 min
-#   ncu_rows the row kernels at H = 2048 and 8192 (NCU_H): warp states, stall reasons and SASS lines as text, ~2 min
+#   ncu_rows the row kernels at H = 2048 and 8192 (NCU_H), under each tuning of NCU_TUNE: warp states, stall reasons and SASS lines as text, ~1 min an H and tuning
 #   train    the main job, python3 -m polynorm (default GPU preset), ~5 min
 #   suite    the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
 #   dist     the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
@@ -58,15 +58,19 @@ for stage in "${stages[@]}"; do
     ncu_rows)
       # Where the aligned row kernels' issue slots go (issue 13): warp states, stall reasons and the
       # SASS lines that stall, as text (the .ncu-rep files need Nsight Compute to read), at each H of
-      # NCU_H (default 2048 8192: a short and a mid row).
+      # NCU_H (default 2048 8192: a short and a mid row), under each row tuning of NCU_TUNE
+      # (profile_rows.py's second argument, e.g. "grid_waves:0 grid_waves:1"; default the table's).
       for H in ${NCU_H:-2048 8192}; do
-        rep="$OUT/ncu_rows_$H"
+      for tune in ${NCU_TUNE:-table}; do
+        rep="$OUT/ncu_rows_$H"; [ "$tune" != table ] && rep="${rep}_${tune//[:,]/_}"
+        args="$H"; [ "$tune" != table ] && args="$H $tune"
         timeout 150 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
           --section WarpStateStats --section SourceCounters --section LaunchStats --import-source yes \
-          -k regex:row_kernel -c 2 -f -o "$rep" python3 bench/profile_rows.py $H > "$rep.log" 2>&1; echo "ncu H=$H rc=$?"
+          -k regex:row_kernel -c 2 -f -o "$rep" python3 bench/profile_rows.py $args > "$rep.log" 2>&1; echo "ncu H=$H $tune rc=$?"
         ncu --import "$rep.ncu-rep" --page details --print-details all > "$rep.txt" 2>&1
         ncu --import "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
         ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1; echo "sass rc=$?"
+      done
       done
       tar czf "$OUT/ncu_rows.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_rows_*) && rm -f "$OUT"/ncu_rows_* ;;
     train)
