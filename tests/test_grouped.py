@@ -242,6 +242,43 @@ def test_many_uneven_experts(device, backend):
     _case(device, backend, counts, 96, torch.bfloat16, pad=5, offsets_dtype=torch.int32)
 
 
+VOTE_BACKENDS = [("cpu", "auto"), pytest.param("cuda", "cuda", marks=requires_cuda)]
+
+
+@pytest.mark.parametrize("E", [33, 64, 70])
+@pytest.mark.parametrize("H", [2048, 4096])
+@pytest.mark.parametrize("device,backend", VOTE_BACKENDS)
+def test_warp_vote_search(device, backend, H, E):
+    # The CUDA kernels' aligned rows of 32 threads or more find their expert by a warp vote over
+    # the offsets, 32 at a time (bf16: the backward at H = 2048, both directions at 4096): more
+    # than one round (E > 32), a last round not full (33, 70), empty experts and padding rows.
+    gen = torch.Generator().manual_seed(seed_for("vote", device, backend, H, E))
+    counts = [int(c) for c in (torch.rand(E, generator=gen) ** 3 * 9).long()]
+    counts[E - 1] = max(counts[E - 1], 1)  # an expert past the first round owns rows
+    _case(device, backend, counts, H, torch.bfloat16, pad=7, offsets_dtype=torch.int32)
+
+
+@pytest.mark.parametrize("bad", ["decreasing", "huge"])
+@pytest.mark.parametrize("device,backend", VOTE_BACKENDS)
+def test_warp_vote_bad_offsets_stay_in_bounds(device, backend, bad):
+    # As test_bad_offsets_stay_in_bounds, on the vote's path (bf16, H = 4096; E = 40): offsets
+    # sorted for the first round, bad in the second.
+    gen = torch.Generator().manual_seed(seed_for("vote-bad", device, backend, bad))
+    M, H, E = 48, 4096, 40
+    x = make_rows(M, H, torch.bfloat16, device, "contiguous", gen)
+    g = make_rows(M, H, torch.bfloat16, device, "contiguous", gen)
+    w, b = make_experts(E, torch.float32, device, gen)
+    offsets = list(range(1, 33)) + ([30, 20, 10, 5, 40, 3, 2, 1] if bad == "decreasing" else [2**40, -1] * 4)
+    off = torch.tensor(offsets, dtype=torch.int64, device=device)
+    first = run_grouped(backend, x, g, w, b, off)
+    second = run_grouped(backend, x, g, w, b, off)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.isfinite(getattr(first, name)).all(), name
+        assert torch.equal(getattr(first, name), getattr(second, name)), name
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("H", [8, 1024, 5125, 16385, 40000])
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
