@@ -2,8 +2,7 @@
 
 ``torch.ops.polynorm._tune_rows(grid_waves, same_phase, ...)`` sets the grid of every row launch
 (``w1``: persistent, as many blocks as fit once; ``w0``: a block per R rows; ``w2``: at most two
-blocks per resident slot; the table's by default; ``c1``, ``c2``: rows claimed at run time from a
-counter on a grid of one or two blocks a slot) and whether odd-H rows take the same-phase
+blocks per resident slot; the table's by default) and whether odd-H rows take the same-phase
 path (``sp0``: without it). This script times
 ``torch.ops.polynorm.forward``/``backward`` (``--op poly_norm``) or ``mul_forward``/``mul_backward``
 (``--op poly_norm_mul``) under each at M·H = 2^26 (bf16 by default) as ratios to floors timed
@@ -29,13 +28,10 @@ from polynorm.reference import poly_norm as reference
 
 DEFAULT_H = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 3000, 4097, 5125, 16385)
 # Column name: _tune_rows keywords (forward, backward); {} is the table's.
-# c<k>: rows claimed at run time on a grid of k blocks a resident slot (claims=True).
-POLY_NORM = {"f": {}, "fw1": {"grid_waves": 1}, "fc1": {"grid_waves": 1, "claims": True},
-             "fc2": {"grid_waves": 2, "claims": True}}
-POLY_NORM_BWD = {"b": {}, "bc1": {"grid_waves": 1, "claims": True},
-                 "bc2": {"grid_waves": 2, "claims": True}}
-MUL = {"mf": {}, "mfw1": {"grid_waves": 1}, "mfc1": {"grid_waves": 1, "claims": True}}
-MUL_BWD = {"mb": {}, "mbc1": {"grid_waves": 1, "claims": True}}
+POLY_NORM = {"f": {}, "fw0": {"grid_waves": 0}, "fw1": {"grid_waves": 1}, "fw2": {"grid_waves": 2}}
+POLY_NORM_BWD = {"b": {}, "bw0": {"grid_waves": 0}, "bw2": {"grid_waves": 2}, "bw4": {"grid_waves": 4}}
+MUL = {"mf": {}, "mfw0": {"grid_waves": 0}, "mfw1": {"grid_waves": 1}}
+MUL_BWD = {"mb": {}, "mbw0": {"grid_waves": 0}, "mbw2": {"grid_waves": 2}}
 
 
 def bench(fn) -> float:

@@ -112,7 +112,6 @@ struct RowTuning {
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
-  bool claims;      // rows of one CTA claimed at run time on a persistent grid (RowClaims, args.cuh)
 };
 RowTuning row_tuning();
 

@@ -51,33 +51,6 @@ struct GroupArgs {
   acc_t* row_terms;         // backward: [M, 4] opmath, [r_3 S_3, r_2 S_2, r_1 S_1, sum g] per row
 };
 
-// Rows claimed at run time (bench: _tune_rows(claims=True)): each block of a persistent grid
-// of rows of one CTA takes its next K row groups (K R consecutive rows) from a counter, in the
-// order the claims arrive, instead of the static rows b R, b R + step, ... The counter is the
-// launch's own slot (launch.cuh, row_counters): atomicInc wraps it back to 0 after exactly
-// chunks + gridDim.x claims (each block's last claim fails once), ready for the next launch.
-// A block claims its next chunk as it starts one (the atomic's result is first used when the
-// chunk ends, so its latency is hidden) and shares it with its threads through `slot` and one
-// barrier a chunk. The backward's dW and dB then take one partial a chunk (the chunk's groups
-// in order), not one a block: their bits depend on K and R, never on which block ran a chunk.
-struct RowClaims {
-  unsigned int* counter;  // nullptr: the static rows (and clusters, which never claim)
-  int K;                  // row groups a claim
-};
-
-// Chunks of K row groups of R rows over M rows.
-__device__ __forceinline__ unsigned claim_chunks(int64_t M, int R, int K) {
-  return static_cast<unsigned>(((M + R - 1) / R + K - 1) / K);
-}
-
-// Every thread of the block: claims the next chunk (thread 0 took it into `next`), returns
-// it; `slot` is one of two shared words, alternated claim by claim.
-__device__ __forceinline__ unsigned share_claim(unsigned next, unsigned* slot) {
-  if (threadIdx.x == 0) *slot = next;
-  __syncthreads();
-  return *slot;
-}
-
 // Element i of a parameter tensor, strides applied by the caller.
 template <typename acc_t>
 __device__ __forceinline__ acc_t load_param_at(const ParamRef& p, int64_t i) {

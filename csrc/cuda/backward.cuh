@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
       for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
       param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
     }
-    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y), gridDim.x);
+    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
   }
   if (!active) return;  // no barrier below
   if (!owned) {  // grouped, a row of no expert: grad_x = 0
@@ -247,14 +247,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,
     int64_t H,
-    RowClaims claims,                                    // counter == nullptr: the static rows
     int G,
     int C) {                                             // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
-  __shared__ acc_t group_part[2][kRowMinThreads][4];  // R <= kRowMinThreads; by claim parity
-  __shared__ unsigned int claimed[2];
+  __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
   extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][4]
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
@@ -283,23 +281,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   const int64_t step = clusters * R;
-  // Row claims (RowClaims), as in forward; `part` is then a chunk's, written as the chunk's
-  // partial when the chunk ends.
-  const bool claiming = claims.counter != nullptr;
-  const unsigned chunks = claiming ? claim_chunks(M, R, claims.K) : 0u;
-  const unsigned claim_limit = chunks + gridDim.x - 1;
-  unsigned claim = 0, next_claim = 0;
-  int in_chunk = 0, claim_parity = 0;
-  int64_t first = cluster_id * R;
-  if (claiming) {
-    if (threadIdx.x == 0) next_claim = atomicInc(claims.counter, claim_limit);
-    claim = share_claim(next_claim, &claimed[1]);
-    first = claim < chunks ? int64_t(claim) * claims.K * R : M;
-  }
   Pack x_ext, g_ext;
   int parity = 0;
-  for (; first < M; parity ^= 1) {
-    if (claiming && in_chunk == 0 && threadIdx.x == 0) next_claim = atomicInc(claims.counter, claim_limit);
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
@@ -469,44 +453,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
-    if (!claiming) {
-      first += step;
-    } else if (++in_chunk < claims.K && first + R < M) {
-      first += R;  // the chunk's next group
-    } else {
-      // The chunk's partial: its groups in order (each group's rows in order), then the next claim.
-      const unsigned done = claim;
-      if (!grouped && threadIdx.x % G == 0) {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) group_part[claim_parity][group][k] = part[k], part[k] = acc_t(0);
-      }
-      claim = share_claim(next_claim, &claimed[claim_parity]);  // its barrier orders group_part too
-      if (!grouped && threadIdx.x < 4) {
-        acc_t total = group_part[claim_parity][0][threadIdx.x];
-        for (int g = 1; g < R; ++g) total += group_part[claim_parity][g][threadIdx.x];
-        param_grads.partials[int64_t(done) * 4 + threadIdx.x] = total;
-      }
-      claim_parity ^= 1;
-      in_chunk = 0;
-      first = claim < chunks ? int64_t(claim) * claims.K * R : M;
-    }
   }
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
-  if (!claiming) {
-    // The block's partial: its groups in order (each group's rows already in order).
-    if (threadIdx.x % G == 0) {
+  // The block's partial: its groups in order (each group's rows already in order).
+  if (threadIdx.x % G == 0) {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) group_part[0][group][k] = part[k];
-    }
-    __syncthreads();
-    if (threadIdx.x < 4) {
-      acc_t total = group_part[0][0][threadIdx.x];
-      for (int g = 1; g < R; ++g) total += group_part[0][g][threadIdx.x];
-      param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
-    }
+    for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
   }
-  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x), claiming ? int64_t(chunks) : int64_t(gridDim.x));
+  __syncthreads();
+  if (threadIdx.x < 4) {
+    acc_t total = group_part[0][threadIdx.x];
+    for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
+    param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
+  }
+  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
 }
 
 }  // namespace

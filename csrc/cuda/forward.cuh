@@ -184,13 +184,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t M,
     int64_t H,
     double eps,
-    RowClaims claims,                              // counter == nullptr: the static rows
     int G,
     int C) {                                       // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
-  __shared__ unsigned int claimed[2];
   extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][3]
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kRealigned, rows realigned on load and
@@ -228,23 +226,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   };
 
   const int64_t step = clusters * R;
-  // Row claims (RowClaims): the chunk in hand, the next one (thread 0's), the groups of this
-  // chunk done so far, and which shared word passes the next claim.
-  const bool claiming = claims.counter != nullptr;
-  const unsigned chunks = claiming ? claim_chunks(M, R, claims.K) : 0u;
-  const unsigned claim_limit = chunks + gridDim.x - 1;
-  unsigned claim = 0, next_claim = 0;
-  int in_chunk = 0, claim_parity = 0;
-  int64_t first = cluster_id * R;
-  if (claiming) {
-    if (threadIdx.x == 0) next_claim = atomicInc(claims.counter, claim_limit);
-    claim = share_claim(next_claim, &claimed[1]);
-    first = claim < chunks ? int64_t(claim) * claims.K * R : M;
-  }
   Pack ext;
   int parity = 0;
-  for (; first < M; parity ^= 1) {
-    if (claiming && in_chunk == 0 && threadIdx.x == 0) next_claim = atomicInc(claims.counter, claim_limit);
+  for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
     const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
@@ -355,16 +339,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if (extra && active && rl.lane == rl.G - 1) {
         store_extra(y_row, H, output_of(Elem<scalar_t>::to_acc(x_last), Elem<scalar_t>::to_acc(m_last)));
       }
-    }
-    if (!claiming) {
-      first += step;
-    } else if (++in_chunk < claims.K && first + R < M) {
-      first += R;  // the chunk's next group
-    } else {
-      claim = share_claim(next_claim, &claimed[claim_parity]);
-      claim_parity ^= 1;
-      in_chunk = 0;
-      first = claim < chunks ? int64_t(claim) * claims.K * R : M;
     }
   }
 }

@@ -50,7 +50,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -257,68 +256,6 @@ void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t g
   C10_CUDA_CHECK(cudaLaunchKernelEx(&launch.config, kernel, std::forward<Args>(args)...));
 }
 
-// Arrival counters for the backward's last-block reduction (finish_param_grads), in static
-// device memory: zero when the module loads, never allocated (so a first use inside
-// CUDA-graph capture is fine), and back at zero after every launch. Two launches must never
-// run on one counter at the same time:
-// - An eager launch takes its stream's counter. Launches on one stream run one after
-//   another. Streams get counters in order of first use; past kStreamSlots streams on a
-//   device they share, which matters only if two of those streams run a backward at once.
-// - A launch captured into a CUDA graph takes a counter of its own, never used by another
-//   launch (a graph may be replayed on any stream, concurrently with eager work, while one
-//   graph's replays run one after another). Past kCaptureSlots captures on a device, the
-//   capture counters are reused, oldest first.
-// A slot's second word (kSlots further) is the launch's row-claim counter (RowClaims).
-constexpr int kStreamSlots = 4096;
-constexpr int kCaptureSlots = 61440;
-constexpr int kSlots = kStreamSlots + kCaptureSlots;
-__device__ unsigned int g_arrivals[2 * kSlots];  // 512 KB a device
-
-unsigned int* arrival_counter(cudaStream_t stream) {
-  int device = 0;
-  C10_CUDA_CHECK(cudaGetDevice(&device));
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  struct DeviceSlots {
-    unsigned int* base = nullptr;
-    std::map<cudaStream_t, unsigned int*> streams;
-    int64_t captures = 0;
-  };
-  static std::mutex mutex;
-  static std::map<int, DeviceSlots> devices;
-  const std::lock_guard<std::mutex> lock(mutex);
-  DeviceSlots& slots = devices[device];
-  if (slots.base == nullptr) {
-    void* ptr = nullptr;
-    C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
-    slots.base = static_cast<unsigned int*>(ptr);
-  }
-  if (capture != cudaStreamCaptureStatusNone) {
-    return slots.base + kStreamSlots + (slots.captures++ % kCaptureSlots);
-  }
-  const auto it = slots.streams.find(stream);
-  if (it != slots.streams.end()) return it->second;
-  unsigned int* slot = slots.base + static_cast<int64_t>(slots.streams.size()) % kStreamSlots;
-  slots.streams.emplace(stream, slot);
-  return slot;
-}
-
-// Row claims (RowClaims, bench: _tune_rows(claims=True)) of a launch of `blocks` blocks over M
-// rows: about kClaimsPerBlock claims a block, so that the claims, and the backward's partials,
-// stay few (4224 at most, 528 blocks of an H200) while the last claims are short.
-constexpr int64_t kClaimsPerBlock = 8;
-int64_t claim_count(const RowPlan& row, int64_t M, int K) {
-  const int64_t groups = (M + row.threads / row.G - 1) / (row.threads / row.G);
-  return (groups + K - 1) / K;
-}
-RowClaims row_claims(const RowPlan& row, int64_t M, int64_t blocks, cudaStream_t stream) {
-  const int64_t groups = (M + row.threads / row.G - 1) / (row.threads / row.G);
-  const int64_t K = std::max<int64_t>(1, (groups + kClaimsPerBlock * blocks - 1) / (kClaimsPerBlock * blocks));
-  TORCH_INTERNAL_ASSERT(K <= std::numeric_limits<int>::max() && claim_count(row, M, static_cast<int>(K)) + blocks <=
-                        std::numeric_limits<unsigned int>::max(), "polynorm: too many row claims");
-  return RowClaims{arrival_counter(stream) + kSlots, static_cast<int>(K)};
-}
-
 // The row kernel's forward launch for kPacks packs a thread. The grid: below; `_tune_rows`
 // overrides it.
 template <typename scalar_t, int kPacks, bool kMul>
@@ -355,13 +292,11 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
   // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
   // at 32768-131072: 10-15%, v6).
-  const bool claiming = tuning.claims && row.cluster == 1;  // row claims: a persistent grid unless tuned
-  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 || claiming ? 1 : 0);
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
   const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
-  const RowClaims claims = claiming ? row_claims(row, M, grid, stream) : RowClaims{nullptr, 1};
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, claims, row.G, row.cluster);
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
 }
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
@@ -418,16 +353,56 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, smem);
   const int waves = row_tuning().grid_waves;
   const int64_t blocks = row_grid(sizing, row, M, smem, waves >= 0 ? waves : 1);
-  // Row claims: one partial a chunk, not a block.
-  const bool claiming = row_tuning().claims && row.cluster == 1;
-  const RowClaims claims = claiming ? row_claims(row, M, blocks, stream) : RowClaims{nullptr, 1};
   if (grouping.offsets.ptr == nullptr) {
-    const int64_t count = claiming ? claim_count(row, M, claims.K) : blocks;
-    partials = at::empty({count, 4}, acc_like.options());
+    partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, claims, row.G, row.cluster);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
+}
+
+// Arrival counters for the backward's last-block reduction (finish_param_grads), in static
+// device memory: zero when the module loads, never allocated (so a first use inside
+// CUDA-graph capture is fine), and back at zero after every launch. Two launches must never
+// run on one counter at the same time:
+// - An eager launch takes its stream's counter. Launches on one stream run one after
+//   another. Streams get counters in order of first use; past kStreamSlots streams on a
+//   device they share, which matters only if two of those streams run a backward at once.
+// - A launch captured into a CUDA graph takes a counter of its own, never used by another
+//   launch (a graph may be replayed on any stream, concurrently with eager work, while one
+//   graph's replays run one after another). Past kCaptureSlots captures on a device, the
+//   capture counters are reused, oldest first.
+constexpr int kStreamSlots = 4096;
+constexpr int kCaptureSlots = 61440;
+__device__ unsigned int g_arrivals[kStreamSlots + kCaptureSlots];  // 256 KB a device
+
+unsigned int* arrival_counter(cudaStream_t stream) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  struct DeviceSlots {
+    unsigned int* base = nullptr;
+    std::map<cudaStream_t, unsigned int*> streams;
+    int64_t captures = 0;
+  };
+  static std::mutex mutex;
+  static std::map<int, DeviceSlots> devices;
+  const std::lock_guard<std::mutex> lock(mutex);
+  DeviceSlots& slots = devices[device];
+  if (slots.base == nullptr) {
+    void* ptr = nullptr;
+    C10_CUDA_CHECK(cudaGetSymbolAddress(&ptr, g_arrivals));
+    slots.base = static_cast<unsigned int*>(ptr);
+  }
+  if (capture != cudaStreamCaptureStatusNone) {
+    return slots.base + kStreamSlots + (slots.captures++ % kCaptureSlots);
+  }
+  const auto it = slots.streams.find(stream);
+  if (it != slots.streams.end()) return it->second;
+  unsigned int* slot = slots.base + static_cast<int64_t>(slots.streams.size()) % kStreamSlots;
+  slots.streams.emplace(stream, slot);
+  return slot;
 }
 
 // The extra tensors of a grouped launch (grouped_forward, grouped_backward; GroupArgs): the

@@ -140,10 +140,8 @@ struct ParamGrads {
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
-// `count`: the partials, gridDim.x unless a launch of row claims wrote one a chunk.
 template <typename acc_t>
-__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads,
-                                                   int64_t count) {
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
   __shared__ bool last;
   __shared__ acc_t warp_sums[32][4];
   __threadfence();  // this block's partial is visible to all blocks before it is counted
@@ -157,7 +155,7 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
   __threadfence();  // every other block's partial is visible to this one
   acc_t t[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
 #pragma unroll 4
-  for (int64_t b = tid; b < count; b += threads) {
+  for (int64_t b = tid; b < gridDim.x; b += threads) {
     if constexpr (sizeof(acc_t) == 4) {
       const float4 p = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
       t[0] += p.x, t[1] += p.y, t[2] += p.z, t[3] += p.w;
