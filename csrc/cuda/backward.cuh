@@ -253,7 +253,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
-  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][4]
+  // Dynamic: the same-phase build's stage areas (a warp's: one stage_words a tensor staged:
+  // x, grad_y and, kMul, mul), then, C > 1, the cluster slots ([2][C G / 32][4]).
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool g_realign = kLayout == kRealigned && g_realign_arg;
@@ -280,6 +282,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
+  constexpr int kStaged = kMul ? 3 : 2;
+  uint32_t* x_stage = reinterpret_cast<uint32_t*>(dyn_smem) + (threadIdx.x >> 5) * kStaged * stage_words(kPacks);
+  uint32_t* g_stage = x_stage + stage_words(kPacks);
+  uint32_t* m_stage = g_stage + stage_words(kPacks);
+  unsigned char* cluster_slots =
+      dyn_smem + (same_phase ? (blockDim.x >> 5) * kStaged * stage_words(kPacks) * 4 : 0);
   const int64_t step = clusters * R;
   Pack x_ext, g_ext;
   int parity = 0;
@@ -342,6 +350,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       mask_row_end(xb, x_ext, end, rl, true);
       mask_row_end(gb, g_ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
+      stage_row(x_stage, xb, x_ext, rl);  // the chunks, for the sums' realigned packs
+      stage_row(g_stage, gb, g_ext, rl);
+      if constexpr (kMul) stage_row(m_stage, mb, m_ext, rl);
     } else {
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
       finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
@@ -355,14 +366,15 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       s[2] += gx * v * v;
       s[3] += g;
     };
+    const StageWindow sw = same_phase ? stage_window(shift, rl) : StageWindow{};
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const Pack xi = same_phase ? realigned_pack(xb, x_ext, i, shift, rl) : xb[i];
-      const Pack gi = same_phase ? realigned_pack(gb, g_ext, i, shift, rl) : gb[i];
+      const Pack xi = same_phase ? staged_pack<scalar_t>(x_stage, sw, i) : xb[i];
+      const Pack gi = same_phase ? staged_pack<scalar_t>(g_stage, sw, i) : gb[i];
       Pack mi = mb[kMul ? i : 0];
       if constexpr (kMul) {
-        if (same_phase) mi = realigned_pack(mb, m_ext, i, shift, rl);
+        if (same_phase) mi = staged_pack<scalar_t>(m_stage, sw, i);
       }
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) add(P::value(xi, k), grad_of(gi, mi, k));

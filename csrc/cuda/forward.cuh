@@ -189,7 +189,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
-  extern __shared__ __align__(16) unsigned char cluster_slots[];  // C > 1: [2][C G / 32][3]
+  // Dynamic: the same-phase build's stage areas (a warp's: stage_words), then, C > 1, the
+  // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.
+  extern __shared__ __align__(16) unsigned char dyn_smem[];
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kRealigned, rows realigned on load and
   // store; kSamePhase, rows that start alike in every tensor (realigned_pack).
@@ -225,6 +227,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     return static_cast<int>(expert_of(grouping.offsets, row));
   };
 
+  uint32_t* stage = reinterpret_cast<uint32_t*>(dyn_smem) + (threadIdx.x >> 5) * stage_words(kPacks);
+  unsigned char* cluster_slots = dyn_smem + (same_phase ? (blockDim.x >> 5) * stage_words(kPacks) * 4 : 0);
   const int64_t step = clusters * R;
   Pack ext;
   int parity = 0;
@@ -266,6 +270,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       mask_row_end(buf, ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
+      stage_row(stage, buf, ext, rl);  // x's chunks, for the sums' realigned packs
     } else {
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
     }
@@ -277,10 +282,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       s[1] += v2 * v2;
       s[2] += v2 * v2 * v2;
     };
+    const StageWindow sw = same_phase ? stage_window(shift, rl) : StageWindow{};
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const Pack in = same_phase ? realigned_pack(buf, ext, i, shift, rl) : buf[i];
+      const Pack in = same_phase ? staged_pack<scalar_t>(stage, sw, i) : buf[i];
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) add(P::value(in, k));
     }

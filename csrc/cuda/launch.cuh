@@ -149,6 +149,29 @@ size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
   return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
 }
 
+// A row launch's dynamic shared memory: the same-phase build's stage areas (packs.cuh,
+// stage_row: one a warp and staged tensor), then the cluster slots.
+size_t row_smem_bytes(const RowPlan& plan, int layout, int staged, int packs, int sums, size_t acc_size) {
+  const size_t stage = layout == kSamePhase ? size_t(plan.threads / 32) * staged * stage_words(packs) * 4 : 0;
+  return stage + cluster_slot_bytes(plan, sums, acc_size);
+}
+
+// Lets a kernel take more than 48 KB of dynamic shared memory, once a device, kernel and size.
+template <typename Kernel>
+void allow_smem(Kernel kernel, size_t smem) {
+  if (smem <= 48 * 1024) return;
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*>, size_t> done;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel));
+  const auto it = done.find(key);
+  if (it != done.end() && it->second >= smem) return;
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  done[key] = smem;
+}
+
 // The launch configuration of a row kernel's grid: clusters of plan.cluster CTAs when > 1.
 // config.attrs points into the object itself, so it is built in place and never copied.
 struct RowLaunch {
@@ -231,7 +254,7 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int
     return std::max<int64_t>(1, clusters) * plan.cluster;
   }
   if (waves == 0) return std::max<int64_t>(1, row_blocks);
-  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, 0)));
+  return std::max<int64_t>(1, std::min<int64_t>(row_blocks, waves * resident_blocks(kernel, plan.threads, smem)));
 }
 
 // The row kernels hold a row's slot packs and nothing more (a row's one element past them is
@@ -246,8 +269,9 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
 template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
                        cudaStream_t stream, Args&&... args) {
+  allow_smem(kernel, smem);
   if (plan.cluster == 1) {
-    kernel<<<static_cast<unsigned>(grid), plan.threads, 0, stream>>>(std::forward<Args>(args)...);
+    kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
@@ -293,7 +317,8 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
   // at 32768-131072: 10-15%, v6).
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
-  const size_t smem = cluster_slot_bytes(row, 3, sizeof(at::opmath_type<scalar_t>));
+  const size_t smem = row_smem_bytes(row, layout, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>));
+  allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
                     weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
@@ -350,14 +375,17 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   if constexpr (!kMul) {
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
-  if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, smem);
+  // The launched build's smem adds the same-phase stage areas (the sizing build has none).
+  const size_t launch_smem = row_smem_bytes(row, layout, kMul ? 3 : 2, kPacks, 4, sizeof(at::opmath_type<scalar_t>));
+  allow_smem(kernel, launch_smem);
+  if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
   const int waves = row_tuning().grid_waves;
   const int64_t blocks = row_grid(sizing, row, M, smem, waves >= 0 ? waves : 1);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
-  launch_row_kernel(kernel, row, blocks, smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
+  launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
 }
 

@@ -423,6 +423,69 @@ __device__ __forceinline__ Pack realigned_pack(const Pack (&buf)[kPacks], const 
   return realign_any(buf[i], next, shift);
 }
 
+// The same-phase sums' realigned packs through shared memory (bench/NOTES.md v13), instead of
+// a shuffle and selects a pack (realigned_pack: ~27 instructions a pack and tensor, a third of
+// them the selects of a run-time word offset). Each warp stages its row's chunks in its own
+// area, [kPacks + 1 slots][4 words][32 lanes] (a warp access of one word is conflict-free):
+// slot i, column l holds lane l's chunk i, and slot kPacks the segment's next chunk (ext,
+// written by its last lane at its segment's first column). A lane's realigned pack i is then
+// five words read at offsets fixed for the row (StageWindow: its chunk's, then the next
+// chunk's: the next lane's, or for a segment's last lane, its first lane's in the next slot)
+// and four funnel shifts for a shift that is not a multiple of 4: ~13 instructions a pack and
+// tensor. The bytes, and so the sums' bits, are realigned_pack's.
+constexpr int stage_words(int packs) { return (packs + 1) * 4 * 32; }
+
+// Stages the warp's chunks (after mask_row_end). The two __syncwarp: every lane has read the
+// warp's previous row before any lane overwrites it, and has written this one before any reads.
+template <int kPacks>
+__device__ __forceinline__ void stage_row(uint32_t* area, const Pack (&buf)[kPacks], const Pack& ext,
+                                          const RowLane& rl) {
+  __syncwarp();
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) area[(i * 4 + k) * 32 + lane] = word(buf[i], k);
+  }
+  if (rl.j == rl.W - 1) {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) area[(kPacks * 4 + k) * 32 + lane - (rl.W - 1)] = word(ext, k);
+  }
+  __syncwarp();
+}
+
+// Where a lane reads word k (0..4) of its realigned pack in slot 0 (slot i: + i * 128), and
+// the funnel shift that drops the shift's bytes below a word (0 for 4- and 8-byte elements).
+struct StageWindow {
+  int off[5];
+  unsigned bits;
+};
+
+__device__ __forceinline__ StageWindow stage_window(int shift, const RowLane& rl) {
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int w = shift >> 2;
+  const bool seg_last = rl.j == rl.W - 1;
+  StageWindow sw;
+#pragma unroll
+  for (int k = 0; k < 5; ++k) {
+    const int m = w + k;  // word m of the lane's chunk and the next one
+    sw.off[k] = m < 4 ? m * 32 + lane : seg_last ? 128 + (m - 4) * 32 + lane - (rl.W - 1) : (m - 4) * 32 + lane + 1;
+  }
+  sw.bits = static_cast<unsigned>(shift & 3) * 8;
+  return sw;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ Pack staged_pack(const uint32_t* area, const StageWindow& sw, int i) {
+  const uint32_t* slot = area + i * 128;
+  uint32_t v[5];
+#pragma unroll
+  for (int k = 0; k < 5; ++k) v[k] = slot[sw.off[k]];
+  if constexpr (sizeof(scalar_t) >= 4) return make_uint4(v[0], v[1], v[2], v[3]);  // shifts of whole words
+  return make_uint4(__funnelshift_r(v[0], v[1], sw.bits), __funnelshift_r(v[1], v[2], sw.bits),
+                    __funnelshift_r(v[2], v[3], sw.bits), __funnelshift_r(v[3], v[4], sw.bits));
+}
+
 // Writes chunk p of a same-phase row: bytes [shift, 16) of the first chunk, [0, end - 16 p)
 // of the last, the whole chunk in between. `dst`: the row's first chunk; `end`: the row's
 // end in bytes from it.
