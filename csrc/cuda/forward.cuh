@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kRealigned, rows realigned on load and
-  // store; kSamePhase, rows that start alike in every tensor (realigned_pack).
+  // store; kSamePhase, rows that start alike in every tensor (stage_row).
   constexpr bool kRealign = kLayout != kAligned;
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool y_realign = kLayout == kRealigned && y_realign_arg;

@@ -136,7 +136,7 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
 }
 
 // Whether rows of a and b (row strides in elements) start at the same offset into their
-// 16-byte chunks, row for row: the row kernels' same-phase path (realigned_pack).
+// 16-byte chunks, row for row: the row kernels' same-phase path (packs.cuh, stage_row).
 template <typename scalar_t>
 bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
   const int64_t size = sizeof(scalar_t);

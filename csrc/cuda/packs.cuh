@@ -410,29 +410,19 @@ enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
 
 // Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
 // as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as
-// loaded, and only the sums see realigned packs, one at a time (realigned_pack), so that
-// their order, and so the bits, are those of the aligned row. The stores then write
-// whole aligned chunks, narrowly only at the row's two ends (store_own_chunk).
-template <int kPacks>
-__device__ __forceinline__ Pack realigned_pack(const Pack (&buf)[kPacks], const Pack& ext, int i, int shift,
-                                               const RowLane& rl) {
-  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
-  const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
-  Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
-  if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
-  return realign_any(buf[i], next, shift);
-}
-
-// The same-phase sums' realigned packs through shared memory (bench/NOTES.md v13), instead of
-// a shuffle and selects a pack (realigned_pack: ~27 instructions a pack and tensor, a third of
-// them the selects of a run-time word offset). Each warp stages its row's chunks in its own
+// loaded, and only the sums see realigned packs, so that their order, and so the bits, are
+// those of the aligned row. The stores then write whole aligned chunks, narrowly only at the
+// row's two ends (store_own_chunk).
+// The sums' realigned packs come through shared memory (bench/NOTES.md v13; before, a
+// shuffle and selects a pack, ~27 instructions a pack and tensor, a third of them the selects
+// of a run-time word offset, as realign_any). Each warp stages its row's chunks in its own
 // area, [kPacks + 1 slots][4 words][32 lanes] (a warp access of one word is conflict-free):
 // slot i, column l holds lane l's chunk i, and slot kPacks the segment's next chunk (ext,
 // written by its last lane at its segment's first column). A lane's realigned pack i is then
 // five words read at offsets fixed for the row (StageWindow: its chunk's, then the next
 // chunk's: the next lane's, or for a segment's last lane, its first lane's in the next slot)
 // and four funnel shifts for a shift that is not a multiple of 4: ~13 instructions a pack and
-// tensor. The bytes, and so the sums' bits, are realigned_pack's.
+// tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's.
 constexpr int stage_words(int packs) { return (packs + 1) * 4 * 32; }
 
 // Stages the warp's chunks (after mask_row_end). The two __syncwarp: every lane has read the
