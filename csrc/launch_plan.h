@@ -217,7 +217,8 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not
 // of whole packs (every launch realigns them) hold at most 64 elements a thread (4 x the element
 // size in packs): PolyNorm's forward of 2-byte rows then takes the narrow build (8 packs). Its
-// realigned sums (a shuffle and a realignment a pack) and the idle slots of its rounded G cost
+// realigned sums (a shuffle and a realignment a pack when this was measured, before the
+// same-phase stage of bench/NOTES.md v13) and the idle slots of its rounded G cost
 // issue slots that 16 packs of 8 elements a thread cannot spare (bench/NOTES.md v10, call 2: bf16
 // H = 5125 forward 1.37 of a copy at 8 packs against 1.66 at 16; 4097 and 16385, which slot_packs
 // leaves no idle slot either way, 1.20 / 1.25 against 1.20 / 1.19: kept narrow, one rule); every

@@ -266,7 +266,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const auto m_last = kMul ? load_extra(mul.mul + (active ? row : 0) * mul.row_stride, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {
-      // The chunks as loaded, zero past the row's end (mul's too: its realigned packs reach the sums).
+      // The chunks as loaded, zero past the row's end (mul's too, though only x reaches the sums here;
+      // bytes past the end are never stored).
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       mask_row_end(buf, ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);

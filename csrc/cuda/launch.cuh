@@ -156,9 +156,34 @@ size_t row_smem_bytes(const RowPlan& plan, int layout, int staged, int packs, in
   return stage + cluster_slot_bytes(plan, sums, acc_size);
 }
 
+// Whether a block of `kernel` with `smem` bytes of dynamic shared memory fits the device's
+// shared memory a block (its static shared memory included; cached per device and kernel). The
+// same-phase stage does not always: sm_86 / sm_89 allow 99 KB a block, and the narrow 2-byte
+// forward of 704 threads or more stages more (H = 43011 and up); such rows take the realigning
+// build instead, whose bits are the same.
+template <typename Kernel>
+bool smem_fits(Kernel kernel, size_t smem) {
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*>, size_t> room;  // the most dynamic bytes a block
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel));
+  auto it = room.find(key);
+  if (it == room.end()) {
+    cudaFuncAttributes attr{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    int optin = 0;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const size_t total = static_cast<size_t>(optin), used = attr.sharedSizeBytes;
+    it = room.emplace(key, total > used ? total - used : 0).first;
+  }
+  return smem <= it->second;
+}
+
 // Lets a kernel take `smem` bytes of dynamic shared memory, once a device, kernel and size:
 // past 48 KB with its static shared memory a launch fails without it (the fused backward's
-// same-phase build at H = 5125: 46 KB of stage areas and 2 KB static).
+// same-phase build at H = 5125: 46 KB of stage areas beside its static shared memory).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t smem) {
   if (smem == 0) return;
@@ -307,19 +332,25 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const bool realign = !x_vec_ok || !y_vec_ok;
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
-  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(false, kMul, kPacks);
-  auto kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, layout);
-  if constexpr (!kMul) {
-    if (grouped) kernel = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
-  }
+  const auto build = [&](int l) {
+    auto k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, l);
+    if constexpr (!kMul) {
+      if (grouped) k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, l);
+    }
+    return k;
+  };
+  const auto smem_of = [&](int l) { return row_smem_bytes(row, l, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>)); };
+  if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;
+  const auto kernel = build(layout);
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
   // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
   // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
   // at 32768-131072: 10-15%, v6).
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
-  const size_t smem = row_smem_bytes(row, layout, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>));
+  const size_t smem = smem_of(layout);
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
@@ -356,20 +387,29 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride) &&
                  same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
   }
-  const int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(true, kMul, kPacks);
-  auto kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, layout);
-  if constexpr (!kMul) {
-    if (grouped) kernel = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, layout);
-  }
+  const auto build = [&](int l) {
+    auto k = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, l);
+    if constexpr (!kMul) {
+      if (grouped) k = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, l);
+    }
+    return k;
+  };
+  const auto smem_of = [&](int l) {
+    return row_smem_bytes(row, l, kMul ? 3 : 2, kPacks, 4, sizeof(at::opmath_type<scalar_t>));
+  };
+  if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;  // as forward
+  const auto kernel = build(layout);
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   // Persistent (a block per row: 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
   // The grid, and so the order in which dW and dB are summed, is sized by one build for every
   // layout of a row (the aligned build, queried for its occupancy only, never launched here),
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
-  // every wide build takes 126-128 registers, so the grids would match anyway; this keeps them
-  // matched if that changes.)
+  // every wide build takes 126-128 registers, so on an H200 the grids would match anyway; the
+  // same-phase build's stage may fit fewer blocks an SM elsewhere, e.g. fp64 on an A100: a
+  // partial second wave, the same bits.)
   // A grouped launch sums no partials (its rows write their terms), but is sized by its own
   // aligned build all the same. The launched build must fit a cluster too (checked by name).
   static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");
@@ -378,7 +418,7 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
   // The launched build's smem adds the same-phase stage areas (the sizing build has none).
-  const size_t launch_smem = row_smem_bytes(row, layout, kMul ? 3 : 2, kPacks, 4, sizeof(at::opmath_type<scalar_t>));
+  const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
   const int waves = row_tuning().grid_waves;
