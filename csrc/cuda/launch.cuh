@@ -296,7 +296,7 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
 template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
                        cudaStream_t stream, Args&&... args) {
-  allow_smem(kernel, smem);
+  // The kernel's dynamic shared-memory limit: raised by the caller (allow_smem), before it sizes the grid.
   if (plan.cluster == 1) {
     kernel<<<static_cast<unsigned>(grid), plan.threads, smem, stream>>>(std::forward<Args>(args)...);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
