@@ -155,7 +155,7 @@ inline int64_t slot_packs(int64_t H, int elem_size) {
   return whole_packs(H, elem_size) ? H * elem_size / 16 : ((H - 1) * elem_size + 15) / 16;
 }
 
-// G threads a row, the fewest with G * packs_per_thread >= the row's slot packs, so the row is
+// row_lanes: G threads a row, the fewest with G * packs_per_thread >= the row's slot packs, so the row is
 // read once: a power of two up to 32 (several rows a warp), then a multiple of 32 (H = 5125
 // bf16 forward takes 96 threads, 16387 takes 288: not 128 and 512). Blocks of R = 128 / G
 // rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
@@ -165,13 +165,16 @@ inline int64_t slot_packs(int64_t H, int elem_size) {
 // `cta_threads` threads each (a multiple of 32), which add their partial sums through
 // distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
 // max_cluster CTAs of cta_threads.
+inline int64_t row_lanes(int64_t need) {
+  int64_t G = 1;
+  while (G < need && G < 32) G *= 2;
+  return G < need ? (need + 31) / 32 * 32 : G;
+}
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
                         int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads) {
   const int64_t packs = slot_packs(H, elem_size);
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
-  int64_t G = 1;
-  while (G < need && G < 32) G *= 2;
-  if (G < need) G = (need + 31) / 32 * 32;
+  const int64_t G = row_lanes(need);
   if (G > split && max_cluster > 1) {
     int64_t C = 2;
     while (C < max_cluster && (need + C - 1) / C > cta_threads) C *= 2;
@@ -225,9 +228,22 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // other op and dtype holds 64 elements or fewer a thread at the wide count and is faster wide
 // (backward 5125 / 16385: 1.72 / 1.69 of an add against 1.93 / 1.86 at 4 packs; fp32 forward
 // 4097: 1.23 against 1.32; the fused op 10-25% faster both ways).
+//
+// PolyNorm's 2-byte rows not of whole packs (forward and backward: 8 packs a thread) of more
+// than a warp take one pack fewer where that covers the row's slot packs with fewer slots on at
+// most 256 threads:
+// a row's lanes are rounded up to whole warps, so bf16 H = 5125 (641 slot packs) at 8 packs
+// takes 96 threads, 768 slots, its last warp's half idle, and every lane-slot loop of a
+// same-phase row works on them; at 7, 96 threads and 672 slots. The choice depends on H and
+// the element size only (never on clusters or tuning), like every row's packs.
 inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
-  return whole_packs(H, elem_size) ? wide : std::min(wide, 4 * elem_size);
+  if (whole_packs(H, elem_size)) return wide;
+  const int packs = std::min(wide, 4 * elem_size);
+  if (mul || elem_size != 2) return packs;
+  const int64_t slots = slot_packs(H, elem_size);
+  const int64_t at = row_lanes((slots + packs - 1) / packs), fewer = row_lanes((slots + packs - 2) / (packs - 1));
+  return at > 32 && fewer <= kRowWideThreads && fewer * (packs - 1) < at * packs ? packs - 1 : packs;
 }
 
 // The smallest power-of-two G that covers the row's packs with packs_per_thread packs per

@@ -35,9 +35,9 @@ pytestmark = [requires_cuda, requires_clusters]
 # (H, cta_threads, max_cluster): bf16 forward at H = 8192 needs 64 threads (16 packs of 8
 # elements each), so cta_threads = 64 keeps it on one CTA; its backward (8 packs) needs 128:
 # 2 CTAs of 64; the fused backward in fp32 (4 packs of 4) 512: 8; at the odd 5125 (4 packs
-# of 4) 321: 8, the bf16 forward (the narrow build, 8 packs of 8) 81: 2. Every op and dtype below
-# fits its cluster cap, and PolyNorm's backward splits in each; odd H reaches the realigning
-# builds.
+# of 4) 321: 8, the bf16 forward (the narrow build, 7 packs of 8 there: launch_plan.h's
+# row_packs) 92: 2. Every op and dtype below fits its cluster cap, and PolyNorm's backward
+# splits in each; odd H reaches the realigning builds.
 SPLITS = [(4096, 32, 16), (8192, 64, 16), (5125, 64, 16), (3000, 32, 16), (16385, 128, 16), (2056, 32, 16)]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 

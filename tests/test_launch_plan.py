@@ -41,18 +41,30 @@ def elem_size(dtype: torch.dtype) -> int:
     return torch.finfo(dtype).bits // 8
 
 
-def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
-    """Packs a thread: the wide count, at most 64 elements (4 x the element size in packs) for odd rows."""
-    if H * elem_size(dtype) % 16 == 0:
-        return PACKS[op]
-    return min(PACKS[op], 4 * elem_size(dtype))
-
-
 def slot_packs(dtype: torch.dtype, H: int) -> int:
     """Packs a row's lanes hold: its packs; for odd rows those of its first H - 1 elements (the
     last element of a row one element past whole packs is held apart, launch_plan.h's slot_packs)."""
     elem = elem_size(dtype)
     return H * elem // 16 if H * elem % 16 == 0 else -(-(H - 1) * elem // 16)
+
+
+def lanes(need: int) -> int:
+    """Threads of a row that needs `need`: a power of two up to 32, then whole warps (row_lanes)."""
+    return min(1 << max(need - 1, 0).bit_length(), 32) if need <= 32 else -(-need // 32) * 32
+
+
+def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
+    """Packs a thread: the wide count, at most 64 elements (4 x the element size in packs) for odd
+    rows; PolyNorm's 2-byte odd rows of more than a warp one fewer where that takes fewer slots on
+    at most 256 threads (launch_plan.h's row_packs)."""
+    if H * elem_size(dtype) % 16 == 0:
+        return PACKS[op]
+    packs = min(PACKS[op], 4 * elem_size(dtype))
+    if op not in ("forward", "backward") or elem_size(dtype) != 2:
+        return packs
+    slots = slot_packs(dtype, H)
+    at, fewer = lanes(-(-slots // packs)), lanes(-(-slots // (packs - 1)))
+    return packs - 1 if at > 32 and fewer <= 256 and fewer * (packs - 1) < at * packs else packs
 
 
 def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
@@ -280,6 +292,32 @@ def test_packs_a_thread():
             for misaligned in (False, True):
                 assert fields(plan(op, 64 * vec, dtype, out_misaligned=misaligned))["packs"] == packs, (op, dtype)
                 assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == odd, (op, dtype)
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
+    # bf16 H = 5125 holds 641 slot packs: at 8 packs a thread 96 threads (768 slots, the last
+    # warp's half idle), at 7 packs 96 threads and 672 slots; 3001 (375) 64 threads either way,
+    # 448 slots against 512. 4097 and 16385 fill whole warps at 8 (512 and 2048 slot packs).
+    # Only PolyNorm's 2-byte rows; the fused op and wider elements keep their packs.
+    elem = elem_size(dtype)
+    expected = {"forward": {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
+                "backward": {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)}}
+    for op in OPS:
+        for H in (5125, 3001, 4097, 16385, 5129, 2051, 1025):
+            f = fields(plan(op, H, dtype))
+            assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
+            if elem == 2 and H in expected.get(op, {}):
+                assert (f["packs"], f["G"]) == expected[op][H], (op, dtype, H, f)
+            elif elem != 2 or op not in expected:
+                assert f["packs"] == min(PACKS[op], 4 * elem), (op, dtype, H, f)
+    # Over a range of H, a pack fewer never takes more slots, and is taken wherever it takes fewer.
+    for H in range(1, 40000, 7):
+        for op in ("forward", "backward"):
+            f = fields(plan(op, H, torch.bfloat16))  # rows of one CTA or of clusters, never tiled here
+            if f["packs"] == 7:
+                assert f["G"] * 7 < lanes(-(-slot_packs(torch.bfloat16, H) // 8)) * 8, (op, H, f)
+            assert f["packs"] == packs_of(op, torch.bfloat16, H), (op, H, f)
 
 
 def test_tune_rows_splits_rows_never_changes_packs():

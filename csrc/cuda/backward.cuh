@@ -291,6 +291,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const int64_t step = clusters * R;
   Pack x_ext, g_ext;
   int parity = 0;
+  ClusterStart started(C);  // C > 1: arrived; waited on before the first store into a peer
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;
@@ -388,7 +389,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
     if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
     if (C > 1) {
-      cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+      cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
       row_reduce<4>(s, red[parity], rl);
     }
@@ -466,6 +467,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       }
     }
   }
+  started.wait();  // a cluster that had no row: its arrival is waited on before it exits
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
   // The block's partial: its groups in order (each group's rows already in order).

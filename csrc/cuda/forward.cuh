@@ -232,6 +232,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const int64_t step = clusters * R;
   Pack ext;
   int parity = 0;
+  ClusterStart started(C);  // C > 1: arrived; waited on before the first store into a peer
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
     if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
     if (C > 1) {
-      cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C);
+      cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
       row_reduce<3>(s, red[parity], rl);
     }
@@ -347,7 +348,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         store_extra(y_row, H, output_of(Elem<scalar_t>::to_acc(x_last), Elem<scalar_t>::to_acc(m_last)));
       }
     }
-  }
+  }  started.wait();  // a cluster that had no row: its arrival is waited on before it exits
 }
 
 }  // namespace

@@ -536,9 +536,11 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
             grouping, rows.M, rows.H, eps, stream);
       };
-      // The narrow build (half the packs): PolyNorm's forward of 2-byte rows not of whole packs.
+      // The narrow build (half the packs, or one fewer): PolyNorm's forward of 2-byte rows not of
+      // whole packs.
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
+        if (lp.packs == kPacks / 2 - 1) return launch(std::integral_constant<int, kPacks / 2 - 1>{});
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
       return launch(std::integral_constant<int, kPacks>{});
@@ -609,6 +611,10 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
+      // One pack fewer: PolyNorm's 2-byte rows not of whole packs where that leaves fewer slots idle.
+      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+        if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
+      }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no backward build of ", num(lp.packs), " packs");
       launch(std::integral_constant<int, kPacks>{});
     } else {

@@ -79,6 +79,25 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
+// A CTA may write a peer's shared memory only once the peer has started (CUDA programming
+// guide, distributed shared memory). So every CTA of a cluster arrives at the cluster barrier
+// when it starts, and waits on it once, before its first store into a peer: the row's loads
+// are in flight meanwhile. A cluster with no row waits at the kernel's end.
+struct ClusterStart {
+  bool pending;  // arrived, not yet waited
+  __device__ __forceinline__ explicit ClusterStart(int C) : pending(C > 1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (pending) __cluster_barrier_arrive_relaxed();
+#endif
+  }
+  __device__ __forceinline__ void wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (pending) __cluster_barrier_wait();
+#endif
+    pending = false;
+  }
+};
+
 // Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
 // 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
 // rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N], written
@@ -89,7 +108,7 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // the peer reaches only after it has read them.
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
-                                                   int C) {
+                                                   int C, ClusterStart& started) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   namespace cg = cooperative_groups;
 #pragma unroll
@@ -100,6 +119,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   acc_t* buffer = slots + parity * warps * N;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   cg::cluster_group cluster = cg::this_cluster();
+  started.wait();  // every peer has started: its slots may be written
   if (lane < C) {
     acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
 #pragma unroll

@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""A short run of the row kernels' cluster launches (rows of C > 1 CTAs that add their sums
+through distributed shared memory) for compute-sanitizer's racecheck: PolyNorm forward and
+backward at H = 65536 and 131072 (the table's clusters of 2-8), the odd 5125 on CTAs of 64
+threads (clusters of 2 on the 7-pack builds, same-phase and realigned), the fused op at 32768,
+and a grouped launch at 65536. Every output is checked against the float64 oracle (a few
+rounding floors). Diagnostic only: the suite's tests/test_clusters.py is the test.
+"""
+import torch
+
+import polynorm  # noqa: F401
+from polynorm.reference import poly_norm as reference
+
+
+def err_eps(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return float(((y.double() - ref).abs() / ref.abs().clamp_min(1)).max() / torch.finfo(y.dtype).eps)
+
+
+def main() -> None:
+    torch.manual_seed(0)
+    w = torch.tensor([0.3, -0.4, 0.9], device="cuda")
+    b = torch.tensor([0.1], device="cuda")
+    bad = 0
+    cases = [(3, 65536, 0, torch.bfloat16), (2, 131072, 0, torch.bfloat16), (5, 5125, 64, torch.bfloat16),
+             (3, 32768, 0, torch.float32)]
+    for M, H, cta, dtype in cases:
+        torch.ops.polynorm._tune_rows(cta_threads=cta)
+        for view in (False, True):  # contiguous (same-phase at odd H), a view one element in (realigned)
+            base = torch.randn(M, H + 1, device="cuda", dtype=dtype)
+            x = base[:, 1:] if view else base[:, :H].contiguous()
+            g = torch.randn(M, H, device="cuda", dtype=dtype)
+            mul = torch.randn(M, H, device="cuda", dtype=dtype)
+            y, rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)
+            dx, dw, db = torch.ops.polynorm.backward(g, x, w, rstd)
+            o, r2 = torch.ops.polynorm.mul_forward(x, mul, w, b, 1e-6)
+            torch.ops.polynorm.mul_backward(g, x, mul, w, b, r2)
+            ref = reference(x.double(), w.double(), b.double(), 1e-6)
+            e_y, e_o = err_eps(y, ref), err_eps(o, ref * mul.double())
+            plan = torch.ops.polynorm._launch_plan("backward", H, dtype)
+            ok = e_y < 4 and e_o < 4
+            bad += not ok
+            print(f"{dtype} {M}x{H} cta={cta} view={view} ({plan}): y {e_y:.2f} eps, mul {e_o:.2f} eps")
+    torch.ops.polynorm._tune_rows()
+    offsets = torch.tensor([1, 1, 4], device="cuda")
+    x = torch.randn(4, 65536, device="cuda", dtype=torch.bfloat16)
+    we = torch.randn(3, 3, device="cuda")
+    be = torch.randn(3, device="cuda")
+    y, rstd = torch.ops.polynorm.grouped_forward(x, we, be, offsets, 1e-6)
+    torch.ops.polynorm.grouped_backward(torch.randn_like(x), x, we, offsets, rstd)
+    torch.cuda.synchronize()
+    print("bad cases:", bad)
+
+
+if __name__ == "__main__":
+    main()
