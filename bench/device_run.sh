@@ -82,10 +82,12 @@ for stage in "${stages[@]}"; do
       # The slow compile tests first (231 s on one H200 at 16 workers, bench/results/h200-2026-12-01/call4/;
       # in plain order they finished last and the run took over 430 s). SIGINT at the limit: pytest
       # still prints its summary.
+      # Verbose: each test's outcome and name as it finishes, so that a failure is named even
+      # when the summary is lost (h200-2026-12-02/call2: one F, then xdist's teardown hung).
       /usr/bin/time -f "suite wall %e s" timeout -s INT "${SUITE_TIMEOUT:-320}" python3 -m pytest tests/test_pt2.py \
-        tests/test_grouped.py tests/test_training.py tests -q -ra -p no:cacheprovider \
+        tests/test_grouped.py tests/test_training.py tests -v -ra -p no:cacheprovider \
         -n 16 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
-      grep -E "^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
+      grep -E "\] (FAILED|ERROR) |^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
     dist)
       # The suite's test_distributed.py runs these too; here each one's output is kept.
       for mode in ddp fsdp sp; do
