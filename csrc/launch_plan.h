@@ -7,7 +7,8 @@
 //
 // Every row takes the wide builds (below) but PolyNorm's forward of 2-byte rows not of whole
 // 16-byte packs ("odd H": H * element size not a multiple of 16, bf16 H not a multiple of 8),
-// which takes the narrow build (row_packs says why):
+// which takes the narrow build (row_packs says why). PolyNorm's 2-byte odd rows whose last warp
+// would be half idle hold one pack fewer, forward and backward (7: row_packs):
 //
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
@@ -20,7 +21,7 @@
 //                |                   |                                | against 1.37 a cluster per row)
 //                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
-//   forward, odd | H <= 262145       | row, narrow: 8 packs a thread, | CTAs of up to 512 threads (80 registers
+//   forward, odd | H <= 262145       | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
 //   H, 2-byte    |                   | one CTA or a cluster of <= 8   | up to 256, 64 beyond), split past 512;
 //                |                   | CTAs of <= 512 threads         | a block per R rows, persistent on clusters
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
@@ -69,9 +70,9 @@ namespace polynorm {
 // 1.05-1.07 of a copy for H = 2048-16384 against 1.07-1.13 at 8 packs (80 registers), backward
 // 1.10-1.13 of an add for 2048-8192 against 1.14-1.27 at 4 packs; fp32 alike; the fused op's
 // backward 1.08-1.09 of its floor at 2048-4096 against 1.13-1.26. The narrow build (PolyNorm's
-// forward of 2-byte odd-H rows, row_packs) holds half as many at up to 80 registers in CTAs of
-// up to 512 threads (1024 without clusters). A row's packs, and so its bits, depend only on the
-// op, H and the dtype, whatever its alignment.
+// forward of 2-byte odd-H rows, row_packs) holds half as many (8, or 7) at up to 80 registers in
+// CTAs of up to 512 threads (1024 without clusters; the 7-pack build, 256). A row's packs, and
+// so its bits, depend only on the op, H and the dtype, whatever its alignment.
 constexpr int kRowFwdPacks = 16;     // wide: 256 bytes of x per thread
 constexpr int kRowBwdPacks = 8;      // wide: 128 bytes each of x and grad_y per thread
 constexpr int kRowMulFwdPacks = 8;   // wide: x and mul
@@ -155,21 +156,21 @@ inline int64_t slot_packs(int64_t H, int elem_size) {
   return whole_packs(H, elem_size) ? H * elem_size / 16 : ((H - 1) * elem_size + 15) / 16;
 }
 
-// row_lanes: G threads a row, the fewest with G * packs_per_thread >= the row's slot packs, so the row is
-// read once: a power of two up to 32 (several rows a warp), then a multiple of 32 (H = 5125
-// bf16 forward takes 96 threads, 16387 takes 288: not 128 and 512). Blocks of R = 128 / G
-// rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident when rows
-// are short), else of one row.
-// A row that needs more than `split` threads (and max_cluster > 1) is split over a
-// thread-block cluster: the fewest CTAs (a power of two from 2 to max_cluster) of at most
-// `cta_threads` threads each (a multiple of 32), which add their partial sums through
-// distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
-// max_cluster CTAs of cta_threads.
+// The threads G of a row that needs `need` (its slot packs over the packs a thread holds, so
+// the row is read once): a power of two up to 32 (several rows a warp), then a multiple of 32
+// (H = 5125 bf16 forward takes 96 threads, 16387 takes 288: not 128 and 512).
 inline int64_t row_lanes(int64_t need) {
   int64_t G = 1;
   while (G < need && G < 32) G *= 2;
   return G < need ? (need + 31) / 32 * 32 : G;
 }
+// A row's plan: G = row_lanes threads. Blocks of R = 128 / G rows when G divides 128
+// (128-thread blocks keep up to 16 blocks an SM resident when rows are short), else of one row.
+// A row that needs more than `split` threads (and max_cluster > 1) is split over a
+// thread-block cluster: the fewest CTAs (a power of two from 2 to max_cluster) of at most
+// `cta_threads` threads each (a multiple of 32), which add their partial sums through
+// distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
+// max_cluster CTAs of cta_threads.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
                         int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads) {
   const int64_t packs = slot_packs(H, elem_size);
@@ -219,7 +220,8 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not
 // of whole packs (every launch realigns them) hold at most 64 elements a thread (4 x the element
-// size in packs): PolyNorm's forward of 2-byte rows then takes the narrow build (8 packs). Its
+// size in packs): PolyNorm's forward of 2-byte rows then takes the narrow build (8 packs, or 7
+// below). Its
 // realigned sums (a shuffle and a realignment a pack when this was measured, before the
 // same-phase stage of bench/NOTES.md v13) and the idle slots of its rounded G cost
 // issue slots that 16 packs of 8 elements a thread cannot spare (bench/NOTES.md v10, call 2: bf16

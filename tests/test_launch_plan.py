@@ -21,7 +21,8 @@ force = torch.ops.polynorm._force_kernel
 
 # csrc/launch_plan.h: every row takes the wide builds, but PolyNorm's forward of 2-byte rows not
 # of whole 16-byte packs ("odd"), which takes the narrow build (half the packs): rows not of whole
-# packs hold at most 64 elements a thread (row_packs). By op: the wide packs a thread and the
+# packs hold at most 64 elements a thread (row_packs); PolyNorm's 2-byte odd rows whose last warp
+# would be half idle hold one pack fewer (packs_of below). By op: the wide packs a thread and the
 # tensors a thread holds (a build holding 12 packs or more is wide), and each class's (most
 # threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
 # split past them; the narrow forward's hold up to 1024 without clusters, and with clusters
@@ -284,7 +285,8 @@ def test_packs_a_thread():
     # Rows of whole packs: PolyNorm 16 packs of x a thread forward, 8 each of x and grad_y
     # backward; the fused op 8 each of x and mul forward, 4 each of x, grad_out and mul
     # backward. Odd rows: the same but for PolyNorm's forward of 2-byte rows (8, the narrow
-    # build; at most 64 elements a thread). For every dtype, whatever the output's alignment.
+    # build; at most 64 elements a thread; H = 64 vec + 1 fills its lanes, so no pack fewer).
+    # For every dtype, whatever the output's alignment.
     for dtype in FLOAT_DTYPES:
         vec = 16 // elem_size(dtype)
         for op, packs in PACKS.items():
@@ -311,12 +313,17 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
                 assert (f["packs"], f["G"]) == expected[op][H], (op, dtype, H, f)
             elif elem != 2 or op not in expected:
                 assert f["packs"] == min(PACKS[op], 4 * elem), (op, dtype, H, f)
-    # Over a range of H, a pack fewer never takes more slots, and is taken wherever it takes fewer.
+
+
+def test_a_pack_fewer_only_where_it_takes_fewer_slots():
+    # Over a range of bf16 H: a pack fewer never takes more slots, and is taken wherever the
+    # rule (packs_of) says so; the 7-pack rows fit one CTA of at most 256 threads.
     for H in range(1, 40000, 7):
         for op in ("forward", "backward"):
             f = fields(plan(op, H, torch.bfloat16))  # rows of one CTA or of clusters, never tiled here
             if f["packs"] == 7:
                 assert f["G"] * 7 < lanes(-(-slot_packs(torch.bfloat16, H) // 8)) * 8, (op, H, f)
+                assert f["cluster"] == 1 and f["threads"] <= 256, (op, H, f)
             assert f["packs"] == packs_of(op, torch.bfloat16, H), (op, H, f)
 
 

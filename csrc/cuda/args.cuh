@@ -93,7 +93,7 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
 // (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
 // the wide builds (12 or more: 16 packs of PolyNorm's forward, 8 each of x and grad_y
-// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow forward (8).
+// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow forward (8 or 7).
 constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
   return max_threads != 256              ? 1
          : packs_held >= kRowWidePacks ? (realign ? POLYNORM_WIDE_REALIGN_MIN_BLOCKS : 2)

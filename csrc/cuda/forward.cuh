@@ -348,7 +348,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         store_extra(y_row, H, output_of(Elem<scalar_t>::to_acc(x_last), Elem<scalar_t>::to_acc(m_last)));
       }
     }
-  }  started.wait();  // a cluster that had no row: its arrival is waited on before it exits
+  }
+  started.wait();  // a cluster that had no row: its arrival is waited on before it exits
 }
 
 }  // namespace

@@ -98,15 +98,20 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // - wide (every row but those of the narrow builds): aligned rows; realigned ones (a view
 //   that starts off a 16-byte boundary, rows of odd H in tensors whose rows start unlike);
 //   same-phase rows (odd H in contiguous tensors). Blocks of up to 256 threads, up to 128
-//   registers a thread.
+//   registers a thread. PolyNorm's backward of 2-byte odd rows also in a 7-pack build.
 // - narrow (PolyNorm's forward of 2-byte rows not of whole packs): realigned or same-phase
-//   rows, in blocks of up to 256 threads (80 registers) or 1024 (64 registers).
-template <template <int, int> class Build, bool kWide>
+//   rows, in blocks of up to 256 threads (80 registers) or, kLarge (8 packs), 1024 (64
+//   registers); the 7-pack build holds rows of at most 256 threads (row_packs), so it has no
+//   1024-thread build.
+template <template <int, int> class Build, bool kWide, bool kLarge = !kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
-  if constexpr (kWide) {
-    TORCH_INTERNAL_ASSERT(small, "polynorm: a wide row build launched with ", num(plan.threads), " threads");
-    if (layout == kAligned) return Build<kAligned, 256>::get();
+  if constexpr (kWide || !kLarge) {
+    TORCH_INTERNAL_ASSERT(small, "polynorm: a row build of at most 256 threads launched with ", num(plan.threads),
+                          " threads");
+    if constexpr (kWide) {
+      if (layout == kAligned) return Build<kAligned, 256>::get();
+    }
     return layout == kSamePhase ? Build<kSamePhase, 256>::get() : Build<kRealigned, 256>::get();
   } else {
     if (layout == kSamePhase) return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
@@ -335,10 +340,11 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(false, kMul, kPacks);
+  constexpr bool kLarge = !kWide && kPacks == kRowFwdPacks / 2;  // the 8-pack narrow build: CTAs of up to 1024
   const auto build = [&](int l) {
-    auto k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, l);
+    auto k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide, kLarge>(row, l);
     if constexpr (!kMul) {
-      if (grouped) k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, l);
+      if (grouped) k = row_kernel<FwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide, kLarge>(row, l);
     }
     return k;
   };
@@ -530,7 +536,8 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const ParamRef w_ref = weight_ref(weight, groups), b_ref = bias_ref(bias, groups);
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
-      // The wide build (kPacks), or the narrow one (half) for 2-byte rows not of whole packs (row_packs).
+      // The wide build (kPacks), or the narrow one (half, or one fewer) for 2-byte rows not of
+      // whole packs (row_packs).
       auto launch = [&](auto packs) {
         launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,

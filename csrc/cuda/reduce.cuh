@@ -105,7 +105,8 @@ struct ClusterStart {
 // lane adds all C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor
 // tree. The tree depends only on C G. Double-buffered by row parity like row_reduce: a CTA
 // writes a peer's slots of parity p again only after passing the next row's barrier, which
-// the peer reaches only after it has read them.
+// the peer reaches only after it has read them. Before its first store into a peer, a CTA
+// waits once on the cluster's start barrier (`started`, ClusterStart above).
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
                                                    int C, ClusterStart& started) {
