@@ -106,13 +106,15 @@ constexpr int kRowMaxCluster = 8;
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; and the largest cluster. Defined in
-// polynorm.cpp.
+// rows; the CTA size past which a row is split; the largest cluster; the cluster rows' exchange;
+// and row_packs' trim. Defined in polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
+  bool tx_exchange;  // rows of clusters exchange their sums through mbarriers (reduce.cuh, ClusterStart)
+  bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
 };
 RowTuning row_tuning();
 
@@ -231,18 +233,20 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // (backward 5125 / 16385: 1.72 / 1.69 of an add against 1.93 / 1.86 at 4 packs; fp32 forward
 // 4097: 1.23 against 1.32; the fused op 10-25% faster both ways).
 //
-// PolyNorm's 2-byte rows not of whole packs (forward and backward: 8 packs a thread) of more
-// than a warp take one pack fewer where that covers the row's slot packs with fewer slots on at
-// most 256 threads:
-// a row's lanes are rounded up to whole warps, so bf16 H = 5125 (641 slot packs) at 8 packs
-// takes 96 threads, 768 slots, its last warp's half idle, and every lane-slot loop of a
-// same-phase row works on them; at 7, 96 threads and 672 slots. The choice depends on H and
-// the element size only (never on clusters or tuning), like every row's packs.
-inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
+// Rows not of whole packs, of more than a warp, take one pack fewer where that covers the row's
+// slot packs with fewer slots on at most 256 threads (every op but the fused backward, whose 3
+// packs of three tensors would not be a wide build): a row's lanes are rounded up to whole
+// warps, so bf16 H = 5125 (641 slot packs) at 8 packs takes 96 threads, 768 slots, its last
+// warp's half idle, and every lane-slot loop of a same-phase row works on them; at 7, 96
+// threads and 672 slots (PolyNorm, bench/NOTES.md v14: backward 1.54 -> 1.45 of an add,
+// forward 1.15 -> 1.11 of a copy). The choice depends on the op, H and the element size only
+// (never on clusters or M), like every row's packs; `trim` false (a bench's A/B, _tune_rows'
+// trim_packs) gives the count without it.
+inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool trim = true) {
   const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
   if (whole_packs(H, elem_size)) return wide;
   const int packs = std::min(wide, 4 * elem_size);
-  if (mul || elem_size != 2) return packs;
+  if (!trim || (backward && mul)) return packs;  // 3 packs each of three tensors would not be a wide build
   const int64_t slots = slot_packs(H, elem_size);
   const int64_t at = row_lanes((slots + packs - 1) / packs), fewer = row_lanes((slots + packs - 2) / (packs - 1));
   return at > 32 && fewer <= kRowWideThreads && fewer * (packs - 1) < at * packs ? packs - 1 : packs;
@@ -265,7 +269,7 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, [[maybe_unused]] bool out_misaligned,
                               KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
-  plan.packs = row_packs(backward, mul, H, elem_size);
+  plan.packs = row_packs(backward, mul, H, elem_size, row_tuning().trim_packs);
   plan.row = row_plan_for(backward, mul, H, elem_size, plan.packs, clusters);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kTiled || !plan.row.ok) {

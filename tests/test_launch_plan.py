@@ -61,7 +61,7 @@ def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
     if H * elem_size(dtype) % 16 == 0:
         return PACKS[op]
     packs = min(PACKS[op], 4 * elem_size(dtype))
-    if op not in ("forward", "backward") or elem_size(dtype) != 2:
+    if op == "mul_backward":
         return packs
     slots = slot_packs(dtype, H)
     at, fewer = lanes(-(-slots // packs)), lanes(-(-slots // (packs - 1)))
@@ -301,30 +301,36 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
     # bf16 H = 5125 holds 641 slot packs: at 8 packs a thread 96 threads (768 slots, the last
     # warp's half idle), at 7 packs 96 threads and 672 slots; 3001 (375) 64 threads either way,
     # 448 slots against 512. 4097 and 16385 fill whole warps at 8 (512 and 2048 slot packs).
-    # Only PolyNorm's 2-byte rows; the fused op and wider elements keep their packs.
-    elem = elem_size(dtype)
-    expected = {"forward": {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
-                "backward": {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)}}
+    # fp32 5125 (1281 slot packs): forward 15 packs on 96 threads (1440 slots against 1536),
+    # backward 7 on 192. Every op but the fused backward (3 packs would not be a wide build).
+    expected = {
+        (torch.bfloat16, "forward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
+        (torch.bfloat16, "backward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
+        (torch.bfloat16, "mul_forward"): {5125: (7, 96), 4097: (8, 64)},
+        (torch.bfloat16, "mul_backward"): {5125: (4, 192)},
+        (torch.float32, "forward"): {5125: (15, 96)},
+        (torch.float32, "backward"): {5125: (7, 192)},
+    }
     for op in OPS:
         for H in (5125, 3001, 4097, 16385, 5129, 2051, 1025):
             f = fields(plan(op, H, dtype))
             assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
-            if elem == 2 and H in expected.get(op, {}):
-                assert (f["packs"], f["G"]) == expected[op][H], (op, dtype, H, f)
-            elif elem != 2 or op not in expected:
-                assert f["packs"] == min(PACKS[op], 4 * elem), (op, dtype, H, f)
+            if H in expected.get((dtype, op), {}):
+                assert (f["packs"], f["G"]) == expected[(dtype, op)][H], (op, dtype, H, f)
 
 
 def test_a_pack_fewer_only_where_it_takes_fewer_slots():
-    # Over a range of bf16 H: a pack fewer never takes more slots, and is taken wherever the
-    # rule (packs_of) says so; the 7-pack rows fit one CTA of at most 256 threads.
-    for H in range(1, 40000, 7):
-        for op in ("forward", "backward"):
-            f = fields(plan(op, H, torch.bfloat16))  # rows of one CTA or of clusters, never tiled here
-            if f["packs"] == 7:
-                assert f["G"] * 7 < lanes(-(-slot_packs(torch.bfloat16, H) // 8)) * 8, (op, H, f)
-                assert f["cluster"] == 1 and f["threads"] <= 256, (op, H, f)
-            assert f["packs"] == packs_of(op, torch.bfloat16, H), (op, H, f)
+    # Over a range of H: a pack fewer never takes more slots, and is taken wherever the rule
+    # (packs_of) says so; such rows fit one CTA of at most 256 threads.
+    for dtype in (torch.bfloat16, torch.float32):
+        for H in range(1, 20000, 7):
+            for op in ("forward", "backward", "mul_forward"):
+                f = fields(plan(op, H, dtype))  # rows of one CTA or of clusters, never tiled here
+                full = min(PACKS[op], 4 * elem_size(dtype))
+                if H * elem_size(dtype) % 16 and f["packs"] == full - 1:
+                    assert f["G"] * f["packs"] < lanes(-(-slot_packs(dtype, H) // full)) * full, (op, H, f)
+                    assert f["cluster"] == 1 and f["threads"] <= 256, (op, H, f)
+                assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
 
 
 def test_tune_rows_splits_rows_never_changes_packs():

@@ -360,7 +360,7 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster, row_tuning().tx_exchange);
 }
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
@@ -434,7 +434,8 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
+                    row_tuning().tx_exchange);
 }
 
 // Arrival counters for the backward's last-block reduction (finish_param_grads), in static
@@ -548,6 +549,9 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
       if constexpr (!kMul && sizeof(scalar_t) == 2) {
         if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
         if (lp.packs == kPacks / 2 - 1) return launch(std::integral_constant<int, kPacks / 2 - 1>{});
+      } else {
+        // One pack fewer on the wide build: every other op's and dtype's half-idle odd rows.
+        if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
       return launch(std::integral_constant<int, kPacks>{});
@@ -619,7 +623,7 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
       // One pack fewer: PolyNorm's 2-byte rows not of whole packs where that leaves fewer slots idle.
-      if constexpr (!kMul && sizeof(scalar_t) == 2) {
+      if constexpr (!kMul) {
         if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
       }
       TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no backward build of ", num(lp.packs), " packs");

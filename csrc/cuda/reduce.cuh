@@ -83,10 +83,26 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // guide, distributed shared memory). So every CTA of a cluster arrives at the cluster barrier
 // when it starts, and waits on it once, before its first store into a peer: the row's loads
 // are in flight meanwhile. A cluster with no row waits at the kernel's end.
+//
+// `tx` (bench switch, _tune_rows' tx_exchange): cluster_row_reduce's exchange through an
+// mbarrier a row parity (`bars`, [2], static shared memory at the same offset in every CTA)
+// rather than the cluster barrier. Thread 0 initialises both (one arrival each) before its
+// start arrival, with fence.mbarrier_init, so that a peer past the start barrier sees them.
+// `phases`: bit p, the phase of bars[p] awaited next.
 struct ClusterStart {
   bool pending;  // arrived, not yet waited
-  __device__ __forceinline__ explicit ClusterStart(int C) : pending(C > 1) {
+  bool tx;
+  unsigned phases;
+  uint64_t* bars;
+  __device__ __forceinline__ ClusterStart(int C, bool tx_exchange, uint64_t* mbarriers)
+      : pending(C > 1), tx(C > 1 && tx_exchange), phases(0u), bars(mbarriers) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (tx && threadIdx.x == 0) {
+      const uint32_t b0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8u) : "memory");
+      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
     if (pending) __cluster_barrier_arrive_relaxed();
 #endif
   }
@@ -98,6 +114,24 @@ struct ClusterStart {
   }
 };
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// st.async of one value into a peer's shared memory (`slot`, `bar`: shared::cluster addresses),
+// completing its bytes on the peer's mbarrier.
+__device__ __forceinline__ void store_async(uint32_t slot, float v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               ::"r"(slot), "r"(__float_as_uint(v)), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void store_async(uint32_t slot, double v, uint32_t bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+               ::"r"(slot), "l"(__double_as_longlong(v)), "r"(bar) : "memory");
+}
+__device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  return remote;
+}
+#endif
+
 // Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
 // 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
 // rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N], written
@@ -107,6 +141,13 @@ struct ClusterStart {
 // writes a peer's slots of parity p again only after passing the next row's barrier, which
 // the peer reaches only after it has read them. Before its first store into a peer, a CTA
 // waits once on the cluster's start barrier (`started`, ClusterStart above).
+//
+// started.tx: the same slots and sums, exchanged without the cluster barrier: thread 0 arms
+// its CTA's mbarrier of the row's parity for the row's slot bytes (arrive.expect_tx), lanes
+// 0..C-1 store by st.async, each completing its bytes on the receiving CTA's mbarrier, and
+// every thread waits on its own CTA's mbarrier only (acquire at cluster scope). A peer writes
+// slots of parity p again only after its wait on the next row, which needs this CTA's stores
+// of that row, which each warp makes after reading the slots of p.
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
                                                    int C, ClusterStart& started) {
@@ -119,14 +160,38 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   const int warps = rl.G / 32;
   acc_t* buffer = slots + parity * warps * N;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  cg::cluster_group cluster = cg::this_cluster();
-  started.wait();  // every peer has started: its slots may be written
-  if (lane < C) {
-    acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
+  if (started.tx) {
+    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(started.bars + parity));
+    if (threadIdx.x == 0) {
+      const uint32_t bytes = static_cast<uint32_t>(warps * N * sizeof(acc_t));
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+    }
+    started.wait();  // every peer has started, its mbarriers initialised
+    if (lane < C) {
+      const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
+      const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
 #pragma unroll
-    for (int k = 0; k < N; ++k) dst[k] = v[k];
+      for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[k], peer_bar);
+    }
+    const uint32_t phase = (started.phases >> parity) & 1u;
+    uint32_t done = 0;
+    do {
+      asm volatile(
+          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+          " selp.u32 %0, 1, 0, p;\n}"
+          : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+    } while (!done);
+    started.phases ^= 1u << parity;
+  } else {
+    cg::cluster_group cluster = cg::this_cluster();
+    started.wait();  // every peer has started: its slots may be written
+    if (lane < C) {
+      acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
+#pragma unroll
+      for (int k = 0; k < N; ++k) dst[k] = v[k];
+    }
+    cluster.sync();  // barrier.cluster arrive.release + wait.acquire: every slot written
   }
-  cluster.sync();  // barrier.cluster arrive.release + wait.acquire: every slot written
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     acc_t total = acc_t(0);
