@@ -12,15 +12,13 @@ and backward over an add plus a copy (read three, write two). Rows: aligned, odd
 that starts one element into its buffer (``mis``, unless ``--aligned-only``). Each variant's
 output is checked against the float64 oracle on its first rows (``err``: the largest error
 over the output dtype's rounding floor); every variant's backward gives the table's grad_x
-bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings. ``--tx``: rows
-of thread-block clusters exchange their sums through mbarriers rather than the cluster barrier
-(columns ``*-tx``; the same sums in the same order, so y, grad_x, dW and dB must be the table's
-bits, else ``err`` is inf). ``--cluster16``: clusters of up to 16 CTAs (columns ``*-k16``, and
-``*-k16tx`` with ``--tx``). ``--no-trim``: half-idle odd rows without their pack fewer (columns
-``*-nt``; csrc/launch_plan.h ``row_packs``).
+bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings. ``--no-trim``:
+half-idle odd rows without their pack fewer (columns ``*-nt``; csrc/launch_plan.h ``row_packs``).
+``--cluster8``: clusters of at most 8 CTAs, the portable size (columns ``*-k8``: the rows the table
+puts on 16 then take the tiled kernels).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--tx] [--cluster16] [--no-trim]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8]
 """
 
 import argparse
@@ -65,9 +63,8 @@ def main() -> None:
                         "c<N>; their outputs are another reduction tree's, so err then also holds their largest "
                         "difference from the table's, relative to its largest value, in the dtype's eps")
     parser.add_argument("--table-only", action="store_true", help="only the table's grid (and --cta columns)")
-    parser.add_argument("--tx", action="store_true", help="also the cluster rows' exchange through mbarriers")
-    parser.add_argument("--cluster16", action="store_true", help="also clusters of up to 16 CTAs")
     parser.add_argument("--no-trim", action="store_true", help="also without row_packs' pack fewer")
+    parser.add_argument("--cluster8", action="store_true", help="also with clusters of at most 8 CTAs")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -79,11 +76,7 @@ def main() -> None:
         fwd_variants[f"{'mf' if fused else 'f'}-c{cta}"] = {"cta_threads": cta}
         bwd_variants[f"{'mb' if fused else 'b'}-c{cta}"] = {"cta_threads": cta}
     f, b = ("mf", "mb") if fused else ("f", "b")
-    extra = ({"tx": {"tx_exchange": True}} if args.tx else {}) | ({"k16": {"max_cluster": 16}} if args.cluster16 else {})
-    if args.tx and args.cluster16:
-        extra["k16tx"] = {"max_cluster": 16, "tx_exchange": True}
-    if args.no_trim:
-        extra["nt"] = {"trim_packs": False}
+    extra = ({"nt": {"trim_packs": False}} if args.no_trim else {}) | ({"k8": {"max_cluster": 8}} if args.cluster8 else {})
     for name, kw in extra.items():
         fwd_variants[f"{f}-{name}"] = kw
         bwd_variants[f"{b}-{name}"] = kw
@@ -121,15 +114,10 @@ def main() -> None:
                     t_fwd_floor, t_bwd_floor = t_copy, t_add
                     forward = lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6)  # noqa: E731
                 cells, err = [], 0.0
-                y_table = None
                 for kw in fwd_variants.values():
                     tune(**kw)
                     y, _ = forward()
                     err = max(err, worst_error(y, x, weight, bias, mul))
-                    if not kw:
-                        y_table = y
-                    elif kw == {"tx_exchange": True} and not torch.equal(y, y_table):
-                        err = float("inf")  # the same sums in the same order: the table's bits
                     cells.append(f"{bench(forward) / t_fwd_floor:.3f}")
                 tune()
                 _, rstd = forward()
@@ -143,9 +131,6 @@ def main() -> None:
                     grads = backward()
                     if ref is None:
                         ref = grads
-                    elif kw == {"tx_exchange": True}:  # the same sums in the same order
-                        if not all(torch.equal(got, exp) for got, exp in zip(grads, ref)):
-                            err = float("inf")
                     elif {"cta_threads", "max_cluster", "trim_packs"} & set(kw):  # another split: another tree
                         for got, exp in zip(grads, ref):
                             rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))

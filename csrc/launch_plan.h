@@ -7,8 +7,8 @@
 //
 // Every row takes the wide builds (below) but PolyNorm's forward of 2-byte rows not of whole
 // 16-byte packs ("odd H": H * element size not a multiple of 16, bf16 H not a multiple of 8),
-// which takes the narrow build (row_packs says why). PolyNorm's 2-byte odd rows whose last warp
-// would be half idle hold one pack fewer, forward and backward (7: row_packs):
+// which takes the narrow build (row_packs says why). Odd rows whose last warp would be half idle
+// hold one pack fewer (every op but mul_backward: row_packs):
 //
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
@@ -16,23 +16,23 @@
 //                |                   | a block per 128 / G rows       | thread, 128 registers): read once, one
 //                |                   |                                | reduction, no barrier but its own;
 //                |                   |                                | persistent: 1.11-1.15 of a copy
-//                | 32768 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads; resident
-//                |   <= 262144       | <= 256 threads, persistent     | clusters walk the rows (131072: 1.29
+//                | 32768 < H         | row, a cluster of 2-16 CTAs of | split past 256 threads; resident
+//                |   <= 524288       | <= 256 threads, persistent     | clusters walk the rows (131072: 1.29
 //                |                   |                                | against 1.37 a cluster per row)
-//                | H > 262144        | tiled                          | past 8 x 256 threads; the row walked
+//                | H > 524288        | tiled                          | past 16 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
-//   forward, odd | H <= 262145       | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
-//   H, 2-byte    |                   | one CTA or a cluster of <= 8   | up to 256, 64 beyond), split past 512;
+//   forward, odd | H <= 524289       | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
+//   H, 2-byte    |                   | one CTA or a cluster of <= 16  | up to 256, 64 beyond), split past 512;
 //                |                   | CTAs of <= 512 threads         | a block per R rows, persistent on clusters
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
 //                |                   | persistent                     | a block per row: 1.5-1.7 of an add
-//                | 16384 < H         | row, a cluster of 2-8 CTAs of  | split past 256 threads
-//                |   <= 131072       | <= 256 threads, persistent     |
-//                | H > 131072        | tiled                          | 262144: tiled 1.82 of an add
+//                | 16384 < H         | row, a cluster of 2-16 CTAs of | split past 256 threads; 262144 on 16:
+//                |   <= 262144       | <= 256 threads, persistent     | 1.47 of an add, tiled 1.83
+//                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  |
-//                | <= 131072, beyond | and mul                        |
+//                | <= 262144, beyond | and mul                        |
 //   mul_backward | H <= 8192         | as backward, 4 packs each of x,|
-//                | <= 65536, beyond  | grad_out and mul               |
+//                | <= 131072, beyond | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
@@ -42,18 +42,19 @@
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
-//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4 or 8) of at most 256 (wide) or 512
-//   (narrow) threads each (row_plan).
+//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 256 (wide) or
+//   512 (narrow) threads each (row_plan). Clusters of 16 are not portable: a device that cannot
+//   place one takes the tiled kernels for that row (launch.cuh, cluster_fits).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
 //   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward
 //   1024 threads, 65536), the tiled kernels beyond.
-// - bench/NOTES.md, v6 and v8, has the measurements (bf16, M·H = 2^26, kernel time over a copy
+// - bench/NOTES.md, v6, v8 and v15, has the measurements (bf16, M·H = 2^26, kernel time over a copy
 //   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
-// Every choice depends on H, the dtype and whether the device launches clusters, never on M
-// (nor on E), so a row's bits do not depend on the batch it comes in. Misaligned rows (odd
-// H, a view that starts off a 16-byte boundary) take the same kernel in a realigning build
-// (RowLayout: realigned, or same-phase when every tensor's rows start alike).
+// Every choice depends on H, the dtype and whether the device launches clusters (and clusters
+// of 16), never on M (nor on E), so a row's bits do not depend on the batch it comes in.
+// Misaligned rows (odd H, a view that starts off a 16-byte boundary) take the same kernel in a
+// realigning build (RowLayout: realigned, or same-phase when every tensor's rows start alike).
 #pragma once
 
 #include <algorithm>
@@ -92,28 +93,32 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 
 // Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward) or
 // kRowBwdSplit (backward, mul_backward) is split over a cluster of CTAs of at most
-// kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs (8: the portable cluster size,
-// which every sm_90 device launches); the wide builds split past kRowWideThreads, over CTAs of
-// that size. Measured on an H200 for the fused op's builds (bench/NOTES.md, v6,
+// kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs; the wide builds split past
+// kRowWideThreads, over CTAs of that size. Clusters of more than kRowPortableCluster CTAs (8, the
+// portable size, which every sm_90 device launches) are not portable: where the device cannot
+// place one, the launcher takes the tiled kernels instead (launch.cuh, launch_forward). Clusters
+// of 16 against the tiled kernels, bf16 on an H200 (bench/NOTES.md v15): backward 262144 1.47 of
+// an add against 1.83, the fused backward 131072 1.54 against 2.18, the fused forward 262144
+// 1.43 against 1.49. Measured on an H200 for the fused op's builds (bench/NOTES.md, v6,
 // call1/tune_clusters.log): one CTA of 512 threads beats two of 256 in the forward, two CTAs of
 // 256 beat one of 512 in the backward, and CTAs of 512 threads beat CTAs of 1024 (64
 // registers, spills) and mostly those of 256 for longer rows.
 constexpr int kRowFwdSplit = 512;
 constexpr int kRowBwdSplit = 256;
 constexpr int kRowClusterCtaThreads = 512;
-constexpr int kRowMaxCluster = 8;
+constexpr int kRowMaxCluster = 16;
+constexpr int kRowPortableCluster = 8;
 
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; the largest cluster; the cluster rows' exchange;
-// and row_packs' trim. Defined in polynorm.cpp.
+// rows; the CTA size past which a row is split; the largest cluster; and row_packs' trim.
+// Defined in polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
   int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
-  bool tx_exchange;  // rows of clusters exchange their sums through mbarriers (reduce.cuh, ClusterStart)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
 };
 RowTuning row_tuning();
@@ -238,8 +243,9 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // packs of three tensors would not be a wide build): a row's lanes are rounded up to whole
 // warps, so bf16 H = 5125 (641 slot packs) at 8 packs takes 96 threads, 768 slots, its last
 // warp's half idle, and every lane-slot loop of a same-phase row works on them; at 7, 96
-// threads and 672 slots (PolyNorm, bench/NOTES.md v14: backward 1.54 -> 1.45 of an add,
-// forward 1.15 -> 1.11 of a copy). The choice depends on the op, H and the element size only
+// threads and 672 slots (bf16 5125, bench/NOTES.md v15, against the untrimmed count in the same
+// run: PolyNorm backward 1.56 -> 1.43 of an add, forward 1.20 -> 1.11 of a copy; the fused forward
+// 1.16 -> 1.12 of an add; fp32 backward 1.22 -> 1.17; the fp32 forward unchanged). The choice depends on the op, H and the element size only
 // (never on clusters or M), like every row's packs; `trim` false (a bench's A/B, _tune_rows'
 // trim_packs) gives the count without it.
 inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool trim = true) {

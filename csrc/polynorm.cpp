@@ -189,18 +189,15 @@ std::atomic<int> g_grid_waves{-1};
 std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
-std::atomic<bool> g_tx_exchange{false};
 std::atomic<bool> g_trim_packs{true};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
 // of a row in one CTA before the row is split over a thread-block cluster (0 = the table's; the
-// wide builds cap it at 256), the largest cluster (0 = the table's; 16 is not portable: the
-// launch checks that it fits), the cluster rows' exchange through mbarriers rather than the cluster
-// barrier (reduce.cuh, ClusterStart), and whether half-idle odd rows take a pack fewer (row_packs).
+// wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
+// device that cannot place the row's cluster takes the tiled kernels), and whether half-idle odd rows take a pack fewer (row_packs).
 // Process-wide; _tune_rows() restores the defaults.
-void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool tx_exchange,
-               bool trim_packs) {
+void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -213,7 +210,6 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
-  g_tx_exchange.store(tx_exchange);
   g_trim_packs.store(trim_packs);
 }
 
@@ -261,7 +257,7 @@ KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load
 RowTuning row_tuning() {
   return {g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
           g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed),
-          g_tx_exchange.load(std::memory_order_relaxed), g_trim_packs.load(std::memory_order_relaxed)};
+          g_trim_packs.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -295,7 +291,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, "
-        "bool tx_exchange=False, bool trim_packs=True) -> ()",
+        "bool trim_packs=True) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -1,7 +1,7 @@
 """Rows split over thread-block clusters (sm_90): the CUDA row kernels' long-row path.
 
 A row that needs more than ``cta_threads`` threads runs on a cluster of 2-16 CTAs whose
-partial sums meet in distributed shared memory (csrc/launch_plan.h ``row_plan``,
+partial sums meet in distributed shared memory through mbarriers (csrc/launch_plan.h ``row_plan``,
 csrc/cuda/reduce.cuh ``cluster_row_reduce``). The table sends only long rows there
 (tens of thousands of elements); these tests force clusters onto short rows with
 ``torch.ops.polynorm._tune_rows(cta_threads=32 or 64, max_cluster=...)``, so that every op
@@ -48,8 +48,8 @@ DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 def clusters():
     """Sets the row kernels' CTA size and largest cluster for one test; restores the table."""
 
-    def tune(cta_threads: int, max_cluster: int, tx_exchange: bool = False) -> None:
-        torch.ops.polynorm._tune_rows(cta_threads=cta_threads, max_cluster=max_cluster, tx_exchange=tx_exchange)
+    def tune(cta_threads: int, max_cluster: int) -> None:
+        torch.ops.polynorm._tune_rows(cta_threads=cta_threads, max_cluster=max_cluster)
 
     yield tune
     torch.ops.polynorm._tune_rows()
@@ -108,50 +108,32 @@ def test_fused_mul_on_clusters(clusters, dtype, H, cta, cluster):
     check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
 
 
-def outputs_both_exchanges(clusters, op, x, mul, g, w, b, cta=0, cluster=0):
-    """The op's outputs and gradients with the cluster barrier's exchange, then the mbarriers'."""
-    outs = []
-    for tx in (False, True):
-        clusters(cta, cluster, tx)
-        if op == "poly_norm":
-            outs.append(run_backend("cuda", x, g, w, b, 1e-6))
-        else:
-            outs.append(run_backend_mul("cuda", x, mul, g, w, b, 1e-6))
-    for name in (f.name for f in dataclasses.fields(outs[0])):
-        assert torch.equal(getattr(outs[0], name), getattr(outs[1], name)), f"{name}: not the barrier's bits"
-    return outs[1]
-
-
-@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H,cta,cluster", SPLITS)
-def test_mbarrier_exchange_gives_the_cluster_barrier_bits(clusters, op, dtype, H, cta, cluster):
-    # The bench switch tx_exchange (reduce.cuh, ClusterStart): the same slots, summed in the same
-    # order, exchanged through mbarriers rather than the cluster barrier. Every output is the
-    # barrier exchange's bitwise, and the oracle's within tolerance.
-    clusters(cta, cluster)
-    assert plan_cluster("backward" if op == "poly_norm" else "mul_backward", H, dtype) > 1
-    gen = torch.Generator().manual_seed(seed_for("clusters-tx", op, dtype, H, cta, cluster))
-    x, mul, g = (make_rows(300, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
-    w, b = make_params(torch.float32, "cuda", gen)
-    out = outputs_both_exchanges(clusters, op, x, mul, g, w, b, cta, cluster)
-    what = f"tx H={H} cta={cta} cluster<={cluster}"
-    if op == "poly_norm":
-        check_against_oracle(out, x, g, w, b, 1e-6, what=what)
-    else:
-        check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=what)
-
-
-@pytest.mark.parametrize("H,M", [(65536, 1024), (131072, 512)])
-def test_mbarrier_exchange_on_the_tables_long_rows(clusters, H, M):
-    # The table's own clusters (2-8 CTAs of 512 threads): each persistent cluster walks several
-    # rows, so both mbarriers' phases turn over many times.
+@pytest.mark.parametrize("H,M", [(65536, 1024), (131072, 512), (262144, 128)])
+def test_the_tables_long_rows(H, M):
+    # The table's own clusters (2-16 CTAs of 256 threads; the backward at 262144 on 16, where the
+    # device places them, as an H200 does): each persistent cluster walks several rows, so both
+    # mbarriers of cluster_row_reduce turn their phases over many times. Against the oracle, and
+    # the same bits again.
     assert plan_cluster("forward", H, torch.bfloat16) > 1 and plan_cluster("backward", H, torch.bfloat16) > 1
-    gen = torch.Generator().manual_seed(seed_for("clusters-tx-long", H, M))
+    gen = torch.Generator().manual_seed(seed_for("clusters-long", H, M))
     x, g = (make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(2))
     w, b = make_params(torch.float32, "cuda", gen)
-    out = outputs_both_exchanges(clusters, "poly_norm", x, None, g, w, b)
-    check_against_oracle(out, x, g, w, b, 1e-6, what=f"tx H={H}")
+    out = run_backend("cuda", x, g, w, b, 1e-6)
+    check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H}")
+    again = run_backend("cuda", x, g, w, b, 1e-6)
+    for name in (f.name for f in dataclasses.fields(out)):
+        assert torch.equal(getattr(out, name), getattr(again, name)), f"{name}: not deterministic"
+
+
+def test_the_fused_ops_long_rows():
+    # mul_backward at 131072 on the table's clusters of 16, mul_forward on 8: against the oracle.
+    H = 131072
+    assert plan_cluster("mul_backward", H, torch.bfloat16) == 16 and plan_cluster("mul_forward", H, torch.bfloat16) == 8
+    gen = torch.Generator().manual_seed(seed_for("clusters-long-mul", H))
+    x, mul, g = (make_rows(96, H, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(3))
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H}")
 
 
 @pytest.mark.parametrize("H,cta,cluster", [(8192, 64, 16), (5125, 64, 16)])

@@ -259,9 +259,25 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   allow_cluster(kernel, plan);
   const RowLaunch launch(plan, plan.cluster, smem, nullptr);
   int clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config));
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config);
+  if (status != cudaSuccess && plan.cluster > kRowPortableCluster) {
+    (void)cudaGetLastError();  // a cluster size this device does not launch: none fits
+    clusters = 0;
+  } else {
+    C10_CUDA_CHECK(status);
+  }
   cache.emplace(key, clusters);
   return clusters;
+}
+
+// Whether the device places a cluster of the plan's row for the op's aligned build (`aligned`,
+// with `smem` bytes): portable clusters (up to kRowPortableCluster CTAs) always; larger ones
+// where cudaOccupancyMaxActiveClusters finds room (an H200 does for 16). Otherwise the launcher
+// takes the tiled kernels. Asked of the aligned build for every layout of a row, so that a
+// misaligned view takes the aligned rows' kernel family, and so their bits.
+template <typename Kernel>
+bool cluster_fits(Kernel aligned, const RowPlan& plan, size_t smem) {
+  return plan.cluster <= kRowPortableCluster || resident_clusters(aligned, plan, smem) > 0;
 }
 
 // resident_clusters, with an error naming the geometry when the device cannot place one cluster.
@@ -326,8 +342,9 @@ struct FwdRowBuild {
   };
 };
 
+// False, launching nothing, where the device cannot place the row's cluster (cluster_fits).
 template <typename scalar_t, int kPacks, bool kMul>
-void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
+bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
                         scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
                         const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping, int64_t M,
                         int64_t H, double eps, cudaStream_t stream) {
@@ -349,6 +366,10 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     return k;
   };
   const auto smem_of = [&](int l) { return row_smem_bytes(row, l, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>)); };
+  if (row.cluster > kRowPortableCluster) {
+    allow_smem(build(kAligned), smem_of(kAligned));
+    if (!cluster_fits(build(kAligned), row, smem_of(kAligned))) return false;
+  }
   if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;
   const auto kernel = build(layout);
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
@@ -360,7 +381,8 @@ void launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster, row_tuning().tx_exchange);
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
+  return true;
 }
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
@@ -377,8 +399,9 @@ struct BwdRowBuild {
   };
 };
 
+// False, launching nothing, where the device cannot place the row's cluster (cluster_fits).
 template <typename scalar_t, int kPacks, bool kMul>
-void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
+bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
                          int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
                          const at::opmath_type<scalar_t>* rstd, ParamRef weight, scalar_t* dx_ptr,
                          ParamGrads<at::opmath_type<scalar_t>> pg, at::Tensor& partials, const at::Tensor& acc_like,
@@ -423,6 +446,7 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   if constexpr (!kMul) {
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
+  if (!cluster_fits(sizing, row, smem)) return false;
   // The launched build's smem adds the same-phase stage areas (the sizing build has none).
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
@@ -434,8 +458,8 @@ void launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
-                    row_tuning().tx_exchange);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
+  return true;
 }
 
 // Arrival counters for the backward's last-block reduction (finish_param_grads), in static
@@ -538,23 +562,26 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
     const LaunchPlan lp = plan_for(false, kMul, rows.H, sizeof(scalar_t), !y_vec_ok);
     if (lp.kind == KernelKind::kRow) {
       // The wide build (kPacks), or the narrow one (half, or one fewer) for 2-byte rows not of
-      // whole packs (row_packs).
+      // whole packs (row_packs). False: the device cannot place the row's cluster (tiled below).
       auto launch = [&](auto packs) {
-        launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
+        return launch_forward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, x_vec_ok, y_vec_ok, x_ptr, rows.row_stride, y_ptr, rstd.mutable_data_ptr<acc_t>(), w_ref, b_ref, mul,
             grouping, rows.M, rows.H, eps, stream);
       };
-      // The narrow build (half the packs, or one fewer): PolyNorm's forward of 2-byte rows not of
-      // whole packs.
-      if constexpr (!kMul && sizeof(scalar_t) == 2) {
-        if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
-        if (lp.packs == kPacks / 2 - 1) return launch(std::integral_constant<int, kPacks / 2 - 1>{});
-      } else {
-        // One pack fewer on the wide build: every other op's and dtype's half-idle odd rows.
-        if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
-      }
-      TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
-      return launch(std::integral_constant<int, kPacks>{});
+      const bool launched = [&] {
+        // The narrow build (half the packs, or one fewer): PolyNorm's forward of 2-byte rows not
+        // of whole packs.
+        if constexpr (!kMul && sizeof(scalar_t) == 2) {
+          if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
+          if (lp.packs == kPacks / 2 - 1) return launch(std::integral_constant<int, kPacks / 2 - 1>{});
+        } else {
+          // One pack fewer on the wide build: every other op's and dtype's half-idle odd rows.
+          if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
+        }
+        TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
+        return launch(std::integral_constant<int, kPacks>{});
+      }();
+      if (launched) return;
     }
     const dim3 block(lp.tiled.G, lp.tiled.rows);
     const int64_t grid = (rows.M + block.y - 1) / block.y;
@@ -616,26 +643,29 @@ void launch_backward(const Rows& g_rows, const Rows& x_rows, const Rows* mul_row
                                db_ptr};
     };
     if (lp.kind == KernelKind::kRow) {
+      // False: the device cannot place the row's cluster (tiled below).
       auto launch = [&](auto packs) {
-        launch_backward_row<scalar_t, decltype(packs)::value, kMul>(
+        return launch_backward_row<scalar_t, decltype(packs)::value, kMul>(
             lp, g_vec_ok, x_vec_ok, dx_vec_ok, g_ptr, g_rows.row_stride, x_ptr, x_rows.row_stride,
             rstd_c.const_data_ptr<acc_t>(), w_ref, dx_ptr, ParamGrads<acc_t>{nullptr, arrivals, dw_ptr, db_ptr},
             partials, acc_like, mul, grouping, x_rows.M, x_rows.H, stream);
       };
-      // One pack fewer: PolyNorm's 2-byte rows not of whole packs where that leaves fewer slots idle.
-      if constexpr (!kMul) {
-        if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
-      }
-      TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no backward build of ", num(lp.packs), " packs");
-      launch(std::integral_constant<int, kPacks>{});
-    } else {
-      const dim3 block(lp.tiled.G, lp.tiled.rows);
-      blocks = (x_rows.M + block.y - 1) / block.y;
-      poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
-          g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
-          w_ref, dx_ptr, dx_vec_ok, param_grads(), mul, grouping, x_rows.M, x_rows.H);
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      const bool launched = [&] {
+        // One pack fewer: half-idle odd rows (row_packs).
+        if constexpr (!kMul) {
+          if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
+        }
+        TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no backward build of ", num(lp.packs), " packs");
+        return launch(std::integral_constant<int, kPacks>{});
+      }();
+      if (launched) return;
     }
+    const dim3 block(lp.tiled.G, lp.tiled.rows);
+    blocks = (x_rows.M + block.y - 1) / block.y;
+    poly_norm_bwd_tiled_kernel<scalar_t, kMul><<<static_cast<unsigned>(blocks), block, 0, stream>>>(
+        g_ptr, g_rows.row_stride, g_vec_ok, x_ptr, x_rows.row_stride, x_vec_ok, rstd_c.const_data_ptr<acc_t>(),
+        w_ref, dx_ptr, dx_vec_ok, param_grads(), mul, grouping, x_rows.M, x_rows.H);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
 }
 

@@ -7,7 +7,6 @@
 
 #include "packs.cuh"
 
-#include <cooperative_groups.h>
 
 namespace polynorm {
 namespace {
@@ -79,31 +78,31 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// A CTA may write a peer's shared memory only once the peer has started (CUDA programming
-// guide, distributed shared memory). So every CTA of a cluster arrives at the cluster barrier
-// when it starts, and waits on it once, before its first store into a peer: the row's loads
-// are in flight meanwhile. A cluster with no row waits at the kernel's end.
-//
-// `tx` (bench switch, _tune_rows' tx_exchange): cluster_row_reduce's exchange through an
-// mbarrier a row parity (`bars`, [2], static shared memory at the same offset in every CTA)
-// rather than the cluster barrier. Thread 0 initialises both (one arrival each) before its
-// start arrival, with fence.mbarrier_init, so that a peer past the start barrier sees them.
-// `phases`: bit p, the phase of bars[p] awaited next.
+// Rows of thread-block clusters exchange their sums through two mbarriers a CTA, one for each
+// row parity (`bars`: static shared memory, at the same offset in every CTA), one arrival each.
+// A CTA may write a peer's shared memory, and arrive on its mbarriers, only once the peer has
+// started and initialised them (CUDA programming guide, distributed shared memory). So thread 0
+// initialises both (then fence.mbarrier_init, so that a peer past the start barrier sees them),
+// every CTA of the cluster arrives at the cluster barrier (relaxed) when it starts, and waits on
+// it once, before its first store into a peer: the row's loads are in flight meanwhile. A
+// cluster with no row waits at the kernel's end. `phases`: bit p, the phase of bars[p] awaited
+// next. Rows of one CTA (C = 1) do none of this.
 struct ClusterStart {
   bool pending;  // arrived, not yet waited
-  bool tx;
   unsigned phases;
   uint64_t* bars;
-  __device__ __forceinline__ ClusterStart(int C, bool tx_exchange, uint64_t* mbarriers)
-      : pending(C > 1), tx(C > 1 && tx_exchange), phases(0u), bars(mbarriers) {
+  __device__ __forceinline__ ClusterStart(int C, uint64_t* mbarriers) : pending(C > 1), phases(0u), bars(mbarriers) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (tx && threadIdx.x == 0) {
-      const uint32_t b0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8u) : "memory");
-      asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    if (pending) {
+      if (threadIdx.x == 0) {
+        const uint32_t b0 = static_cast<uint32_t>(__cvta_generic_to_shared(bars));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b0 + 8u) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+      }
+      __syncwarp();  // thread 0 arms bars before its start wait; its warp's view (racecheck's) of the init
+      __cluster_barrier_arrive_relaxed();
     }
-    if (pending) __cluster_barrier_arrive_relaxed();
 #endif
   }
   __device__ __forceinline__ void wait() {
@@ -125,6 +124,7 @@ __device__ __forceinline__ void store_async(uint32_t slot, double v, uint32_t ba
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
                ::"r"(slot), "l"(__double_as_longlong(v)), "r"(bar) : "memory");
 }
+// The shared::cluster address of a shared-memory address of this CTA in CTA `rank` of the cluster.
 __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
   uint32_t remote;
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
@@ -134,25 +134,21 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 
 // Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
 // 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
-// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N], written
-// through distributed shared memory by lanes 0..C-1), then one cluster barrier, then every
-// lane adds all C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor
-// tree. The tree depends only on C G. Double-buffered by row parity like row_reduce: a CTA
-// writes a peer's slots of parity p again only after passing the next row's barrier, which
-// the peer reaches only after it has read them. Before its first store into a peer, a CTA
-// waits once on the cluster's start barrier (`started`, ClusterStart above).
-//
-// started.tx: the same slots and sums, exchanged without the cluster barrier: thread 0 arms
+// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N]): thread 0 arms
 // its CTA's mbarrier of the row's parity for the row's slot bytes (arrive.expect_tx), lanes
-// 0..C-1 store by st.async, each completing its bytes on the receiving CTA's mbarrier, and
-// every thread waits on its own CTA's mbarrier only (acquire at cluster scope). A peer writes
-// slots of parity p again only after its wait on the next row, which needs this CTA's stores
-// of that row, which each warp makes after reading the slots of p.
+// 0..C-1 store into peer `lane` by st.async, each store completing its bytes on that peer's
+// mbarrier, and every thread waits on its own CTA's mbarrier only (acquire at cluster scope; no
+// CTA waits for all of a peer's threads, as the cluster barrier does). Then every lane adds all
+// C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
+// depends only on C G. Double-buffered by row parity: a peer writes slots of parity p again only
+// after its wait on the next row, which needs this CTA's stores of that row, which each warp
+// makes after it has read the slots of p. Before its first store into a peer, a CTA waits once
+// on the cluster's start barrier (`started`, ClusterStart above). Measured on an H200 against
+// the cluster barrier (bench/NOTES.md v15): 5-12% faster at every row of clusters, the same bits.
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
                                                    int C, ClusterStart& started) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  namespace cg = cooperative_groups;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
@@ -160,38 +156,27 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   const int warps = rl.G / 32;
   acc_t* buffer = slots + parity * warps * N;
   const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (started.tx) {
-    const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(started.bars + parity));
-    if (threadIdx.x == 0) {
-      const uint32_t bytes = static_cast<uint32_t>(warps * N * sizeof(acc_t));
-      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-    }
-    started.wait();  // every peer has started, its mbarriers initialised
-    if (lane < C) {
-      const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
-      const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
-#pragma unroll
-      for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[k], peer_bar);
-    }
-    const uint32_t phase = (started.phases >> parity) & 1u;
-    uint32_t done = 0;
-    do {
-      asm volatile(
-          "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-          " selp.u32 %0, 1, 0, p;\n}"
-          : "=r"(done) : "r"(bar), "r"(phase) : "memory");
-    } while (!done);
-    started.phases ^= 1u << parity;
-  } else {
-    cg::cluster_group cluster = cg::this_cluster();
-    started.wait();  // every peer has started: its slots may be written
-    if (lane < C) {
-      acc_t* dst = cluster.map_shared_rank(buffer + (rl.lane / 32) * N, lane);
-#pragma unroll
-      for (int k = 0; k < N; ++k) dst[k] = v[k];
-    }
-    cluster.sync();  // barrier.cluster arrive.release + wait.acquire: every slot written
+  const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(started.bars + parity));
+  if (threadIdx.x == 0) {
+    const uint32_t bytes = static_cast<uint32_t>(warps * N * sizeof(acc_t));
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
   }
+  started.wait();  // every peer has started, its mbarriers initialised
+  if (lane < C) {
+    const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
+    const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
+#pragma unroll
+    for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[k], peer_bar);
+  }
+  const uint32_t phase = (started.phases >> parity) & 1u;
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(done) : "r"(bar), "r"(phase) : "memory");
+  } while (!done);
+  started.phases ^= 1u << parity;
 #pragma unroll
   for (int k = 0; k < N; ++k) {
     acc_t total = acc_t(0);
