@@ -44,15 +44,17 @@
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
 //   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 256 (wide) or
 //   512 (narrow) threads each (row_plan). Clusters of 16 are not portable: a device that cannot
-//   place one takes the tiled kernels for that row (launch.cuh, cluster_fits).
+//   place one takes the tiled kernels for that row (launch.cuh, clusters_fit).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
 //   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward
 //   1024 threads, 65536), the tiled kernels beyond.
 // - bench/NOTES.md, v6, v8 and v15, has the measurements (bf16, M·H = 2^26, kernel time over a copy
 //   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
-// Every choice depends on H, the dtype and whether the device launches clusters (and clusters
-// of 16), never on M (nor on E), so a row's bits do not depend on the batch it comes in.
+// Every choice depends on H, the dtype and whether the device launches clusters, never on M
+// (nor on E), so a row's bits do not depend on the batch it comes in. (Not modelled here: a
+// device that cannot place a row's cluster of 16 runs that row, in every layout, on the tiled
+// kernels: launch.cuh, clusters_fit. _launch_plan still reports the cluster.)
 // Misaligned rows (odd H, a view that starts off a 16-byte boundary) take the same kernel in a
 // realigning build (RowLayout: realigned, or same-phase when every tensor's rows start alike).
 #pragma once
@@ -96,7 +98,7 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs; the wide builds split past
 // kRowWideThreads, over CTAs of that size. Clusters of more than kRowPortableCluster CTAs (8, the
 // portable size, which every sm_90 device launches) are not portable: where the device cannot
-// place one, the launcher takes the tiled kernels instead (launch.cuh, launch_forward). Clusters
+// place one, the launcher takes the tiled kernels instead (launch.cuh, clusters_fit). Clusters
 // of 16 against the tiled kernels, bf16 on an H200 (bench/NOTES.md v15): backward 262144 1.47 of
 // an add against 1.83, the fused backward 131072 1.54 against 2.18, the fused forward 262144
 // 1.43 against 1.49. Measured on an H200 for the fused op's builds (bench/NOTES.md, v6,

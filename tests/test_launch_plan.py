@@ -21,8 +21,8 @@ force = torch.ops.polynorm._force_kernel
 
 # csrc/launch_plan.h: every row takes the wide builds, but PolyNorm's forward of 2-byte rows not
 # of whole 16-byte packs ("odd"), which takes the narrow build (half the packs): rows not of whole
-# packs hold at most 64 elements a thread (row_packs); PolyNorm's 2-byte odd rows whose last warp
-# would be half idle hold one pack fewer (packs_of below). By op: the wide packs a thread and the
+# packs hold at most 64 elements a thread (row_packs); odd rows whose last warp would be half idle
+# hold one pack fewer, in every op but mul_backward (packs_of below). By op: the wide packs a thread and the
 # tensors a thread holds (a build holding 12 packs or more is wide), and each class's (most
 # threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
 # split past them; the narrow forward's hold up to 1024 without clusters, and with clusters
@@ -56,8 +56,8 @@ def lanes(need: int) -> int:
 
 def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
     """Packs a thread: the wide count, at most 64 elements (4 x the element size in packs) for odd
-    rows; PolyNorm's 2-byte odd rows of more than a warp one fewer where that takes fewer slots on
-    at most 256 threads (launch_plan.h's row_packs)."""
+    rows; odd rows of more than a warp (every op but mul_backward) one fewer where that takes
+    fewer slots on at most 256 threads (launch_plan.h's row_packs)."""
     if H * elem_size(dtype) % 16 == 0:
         return PACKS[op]
     packs = min(PACKS[op], 4 * elem_size(dtype))

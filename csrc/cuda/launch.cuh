@@ -19,10 +19,11 @@
 //   from device memory once; see "Row kernels (v5, v8)" in packs.cuh. A row longer than one
 //   CTA takes (the table in launch_plan.h: past 256 threads for the wide builds; past 512
 //   for the narrow forward) is split over a thread-block cluster of up
-//   to 8 CTAs that add their sums through distributed shared memory (sm_90 and later; bf16:
-//   H <= 262144 forward, 131072 backward). Almost every model runs here.
+//   to 16 CTAs that add their sums through distributed shared memory and mbarriers (sm_90 and
+//   later; bf16: H <= 524288 forward, 262144 backward). Almost every model runs here.
 // - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row (on devices without
-//   clusters, any row past one CTA: 256 threads wide, 1024 narrow), walked twice when it
+//   clusters, any row past one CTA: 256 threads wide, 1024 narrow; on a device that cannot
+//   place a row's cluster of more than 8 CTAs, that row: clusters_fit), walked twice when it
 //   exceeds the registers of a 1024-thread group.
 // Common to both:
 // - Every warp access is 512 contiguous bytes (row kernels: a warp segment's lanes; tiled:
@@ -98,7 +99,8 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // - wide (every row but those of the narrow builds): aligned rows; realigned ones (a view
 //   that starts off a 16-byte boundary, rows of odd H in tensors whose rows start unlike);
 //   same-phase rows (odd H in contiguous tensors). Blocks of up to 256 threads, up to 128
-//   registers a thread. PolyNorm's backward of 2-byte odd rows also in a 7-pack build.
+//   registers a thread. Builds of one pack fewer for half-idle odd rows (row_packs): the
+//   backward's 7 packs, the fused forward's 7, the 4- and 8-byte forward's 15.
 // - narrow (PolyNorm's forward of 2-byte rows not of whole packs): realigned or same-phase
 //   rows, in blocks of up to 256 threads (80 registers) or, kLarge (8 packs), 1024 (64
 //   registers); the 7-pack build holds rows of at most 256 threads (row_packs), so it has no
@@ -226,11 +228,13 @@ struct RowLaunch {
   RowLaunch& operator=(const RowLaunch&) = delete;
 };
 
-// Lets a kernel launch clusters of more than 8 CTAs (not portable; only a tuning asks for
-// them), once a device and kernel.
+// Lets a kernel launch clusters of more than kRowPortableCluster CTAs (not portable: the table's
+// longest rows, and tunings), once a device and kernel. A device that refuses leaves the kernel
+// without it; resident_clusters then finds no room, and clusters_fit sends the row to the tiled
+// kernels.
 template <typename Kernel>
 void allow_cluster(Kernel kernel, const RowPlan& plan) {
-  if (plan.cluster <= 8) return;
+  if (plan.cluster <= kRowPortableCluster) return;
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
   static std::mutex mutex;
@@ -238,13 +242,17 @@ void allow_cluster(Kernel kernel, const RowPlan& plan) {
   const std::lock_guard<std::mutex> lock(mutex);
   const auto key = std::make_pair(device, reinterpret_cast<const void*>(kernel));
   if (done.count(key) != 0) return;
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-  done.emplace(key, true);  // only once it took: a failed call is tried again, and reported again
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) != cudaSuccess) {
+    (void)cudaGetLastError();  // not this device: asked again next time, and refused again
+    return;
+  }
+  done.emplace(key, true);
 }
 
 // Clusters of a row kernel resident on the device at once (cached per device, kernel and
-// geometry); clusters of more than 8 CTAs (not portable) are allowed for the kernel first.
-// Zero when the device cannot place one such cluster: plan_row_launch's error.
+// geometry); clusters of more than kRowPortableCluster CTAs (not portable) are allowed for the
+// kernel first. Zero when the device cannot place one such cluster: clusters_fit's fallback to
+// the tiled kernels, or fitting_clusters' error.
 template <typename Kernel>
 int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   int device = 0;
@@ -270,14 +278,24 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   return clusters;
 }
 
-// Whether the device places a cluster of the plan's row for the op's aligned build (`aligned`,
-// with `smem` bytes): portable clusters (up to kRowPortableCluster CTAs) always; larger ones
-// where cudaOccupancyMaxActiveClusters finds room (an H200 does for 16). Otherwise the launcher
-// takes the tiled kernels. Asked of the aligned build for every layout of a row, so that a
-// misaligned view takes the aligned rows' kernel family, and so their bits.
-template <typename Kernel>
-bool cluster_fits(Kernel aligned, const RowPlan& plan, size_t smem) {
-  return plan.cluster <= kRowPortableCluster || resident_clusters(aligned, plan, smem) > 0;
+// Whether the device places a cluster of the plan's row for every build a row of the op may take
+// (`build(layout)`, with `smem_of(layout)` bytes: aligned, realigned, and same-phase where its
+// stage fits a block, smem_fits; else such rows take the realigned build): portable clusters (up
+// to kRowPortableCluster CTAs) always; larger ones where cudaOccupancyMaxActiveClusters finds
+// room for each (an H200 does for 16). Otherwise the launcher takes the tiled kernels, for every
+// layout of the row alike, so that a misaligned view keeps the aligned rows' kernel family, and
+// so their bits.
+template <typename Build, typename SmemOf>
+bool clusters_fit(const RowPlan& plan, const Build& build, const SmemOf& smem_of) {
+  if (plan.cluster <= kRowPortableCluster) return true;
+  for (const int layout : {kAligned, kRealigned, kSamePhase}) {
+    const auto kernel = build(layout);
+    const size_t smem = smem_of(layout);
+    if (layout == kSamePhase && !smem_fits(kernel, smem)) continue;
+    allow_smem(kernel, smem);
+    if (resident_clusters(kernel, plan, smem) == 0) return false;
+  }
+  return true;
 }
 
 // resident_clusters, with an error naming the geometry when the device cannot place one cluster.
@@ -342,7 +360,7 @@ struct FwdRowBuild {
   };
 };
 
-// False, launching nothing, where the device cannot place the row's cluster (cluster_fits).
+// False, launching nothing, where the device cannot place the row's cluster (clusters_fit).
 template <typename scalar_t, int kPacks, bool kMul>
 bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, const scalar_t* x_ptr, int64_t x_stride,
                         scalar_t* y_ptr, at::opmath_type<scalar_t>* rstd, ParamRef weight, ParamRef bias,
@@ -366,10 +384,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     return k;
   };
   const auto smem_of = [&](int l) { return row_smem_bytes(row, l, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>)); };
-  if (row.cluster > kRowPortableCluster) {
-    allow_smem(build(kAligned), smem_of(kAligned));
-    if (!cluster_fits(build(kAligned), row, smem_of(kAligned))) return false;
-  }
+  if (!clusters_fit(row, build, smem_of)) return false;
   if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;
   const auto kernel = build(layout);
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
@@ -399,7 +414,7 @@ struct BwdRowBuild {
   };
 };
 
-// False, launching nothing, where the device cannot place the row's cluster (cluster_fits).
+// False, launching nothing, where the device cannot place the row's cluster (clusters_fit).
 template <typename scalar_t, int kPacks, bool kMul>
 bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, bool dx_vec_ok, const scalar_t* g_ptr,
                          int64_t g_stride, const scalar_t* x_ptr, int64_t x_stride,
@@ -446,7 +461,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   if constexpr (!kMul) {
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
-  if (!cluster_fits(sizing, row, smem)) return false;
+  if (!clusters_fit(row, build, smem_of)) return false;
   // The launched build's smem adds the same-phase stage areas (the sizing build has none).
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);

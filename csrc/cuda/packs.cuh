@@ -166,7 +166,7 @@ __device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, 
 // ----------------------------------------------------------------------------------
 // Row kernels (v5, v8): a row held in registers by G threads with few threads a row and
 // many bytes a thread (kPacks 16-byte packs; rows of whole packs: 256 bytes of x forward,
-// 128 each of x and grad_y backward; 2-byte odd H forward half as many, or 7 packs where
+// 128 each of x and grad_y backward; 2-byte odd H forward half as many; a pack fewer where
 // launch_plan.h's row_packs trims a half-idle warp), so that an SM
 // keeps ~128 KB of loads in flight with no barrier but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
 // every row that one CTA or a thread-block cluster holds (launch_plan.h's table).
