@@ -162,6 +162,10 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
   }
   started.wait();  // every peer has started, its mbarriers initialised
+  // Every lane's reads of the slots of this parity two rows back come before this warp's stores
+  // of this row (which let the peers write those slots again): the shuffle tree orders them by
+  // data alone; this makes it an ordering of the warp.
+  __syncwarp();
   if (lane < C) {
     const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
     const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
