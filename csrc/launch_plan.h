@@ -15,40 +15,46 @@
 //   forward      | H <= 32768        | row, one CTA (<= 256 threads), | the row in registers (16 packs of x a
 //                |                   | a block per 128 / G rows       | thread, 128 registers): read once, one
 //                |                   |                                | reduction, no barrier but its own;
-//                |                   |                                | persistent: 1.11-1.15 of a copy
-//                | 32768 < H         | row, a cluster of 2-16 CTAs of | split past 256 threads; resident
-//                |   <= 524288       | <= 256 threads, persistent     | clusters walk the rows (131072: 1.29
-//                |                   |                                | against 1.37 a cluster per row)
+//                |                   |                                | persistent: 1.05-1.12 of a copy
+//                | 32768 < H         | row, a cluster of 4-16 CTAs of | split past 256 threads; resident
+//                |   <= 262144       | <= 128 threads, persistent     | clusters walk the rows (131072: 1.18,
+//                |                   |                                | 1.27 on 4 CTAs of 256)
+//                | <= 524288         | a cluster of 16 CTAs of <= 256 |
 //                | H > 524288        | tiled                          | past 16 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
-//   forward, odd | H <= 524289       | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
-//   H, 2-byte    |                   | one CTA or a cluster of <= 16  | up to 256, 64 beyond), split past 512;
-//                |                   | CTAs of <= 512 threads         | a block per R rows, persistent on clusters
-//   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
+//   forward, odd | H <= 32769        | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
+//   H, 2-byte    |                   | one CTA (<= 512 threads)       | up to 256, 64 beyond), split past 512;
+//                | <= 131073         | a cluster of 8-16 CTAs of 128  | a block per R rows, persistent on
+//                | <= 524289         | a cluster of 8-16 CTAs of 512  | clusters (65537: 1.20, 1.40 on 2 x 512)
+//   backward     | H <= 8192         | row, one CTA (<= 128 threads), | x and grad_y in registers (8 packs each);
 //                |                   | persistent                     | a block per row: 1.5-1.7 of an add
-//                | 16384 < H         | row, a cluster of 2-16 CTAs of | split past 256 threads; 262144 on 16:
-//                |   <= 262144       | <= 256 threads, persistent     | 1.47 of an add, tiled 1.83
+//                | 8192 < H          | row, a cluster of 2-8 CTAs of  | split past 128 threads (16384: 1.10,
+//                |   <= 65536        | <= 128 threads, persistent     | 1.14 on one CTA of 256)
+//                | <= 262144         | a cluster of 8-16 CTAs of 256  | 262144 on 16: 1.45, tiled 1.83
 //                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  |
-//                | <= 262144, beyond | and mul                        |
-//   mul_backward | H <= 8192         | as backward, 4 packs each of x,|
-//                | <= 131072, beyond | grad_out and mul               |
+//                | <= 131072,        | and mul                        |
+//                | <= 262144, beyond |                                |
+//   mul_backward | H <= 4096         | as backward, 4 packs each of x,|
+//                | <= 32768,         | grad_out and mul               |
+//                | <= 131072, beyond |                                |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
 // extra chunk is held apart (the last lane's `ext`), and so is a last element past whole packs,
-// so odd rows reach the same bounds plus an element (bf16 backward: H = 16385 in one CTA, next
-// to 16384; H = 4097 forward on 64 threads, not 96).
+// so odd rows reach the same bounds plus an element (bf16 backward: H = 8193 in one CTA, next
+// to 8192; H = 4097 forward on 64 threads, not 96).
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
-//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 256 (wide) or
+//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 128 threads
+//   each, up to 16 (forward) or 8 (backward); longer rows the fewest of at most 256 (wide) or
 //   512 (narrow) threads each (row_plan). Clusters of 16 are not portable: a device that cannot
 //   place one takes the tiled kernels for that row (launch.cuh, clusters_fit).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
 //   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward
 //   1024 threads, 65536), the tiled kernels beyond.
-// - bench/NOTES.md, v6, v8 and v15, has the measurements (bf16, M·H = 2^26, kernel time over a copy
+// - bench/NOTES.md, v6, v8, v15 and v16, has the measurements (bf16, M·H = 2^26, kernel time over a copy
 //   or an add of the same bytes); tests/test_launch_plan.py pins the boundaries.
 //
 // Every choice depends on H, the dtype and whether the device launches clusters, never on M
@@ -93,10 +99,18 @@ constexpr bool wide_build(bool backward, bool mul, int packs) { return packs_hel
 // Whether a row of H elements is whole 16-byte packs: the wide builds' rows.
 inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 == 0; }
 
-// Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward) or
-// kRowBwdSplit (backward, mul_backward) is split over a cluster of CTAs of at most
-// kRowClusterCtaThreads threads, up to kRowMaxCluster CTAs; the wide builds split past
-// kRowWideThreads, over CTAs of that size. Clusters of more than kRowPortableCluster CTAs (8, the
+// Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward; the
+// wide builds: kRowWideThreads) or kRowBwdSplit (backward, mul_backward) is split over a cluster.
+// First over CTAs of kRowSmallCtaThreads, the fewest that hold the row, up to
+// kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them; a row longer than
+// that over CTAs of at most kRowClusterCtaThreads threads (the wide builds: kRowWideThreads), up
+// to kRowMaxCluster CTAs. Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
+// bf16, against the CTAs of 256 of before in the same run): the forward at 65536 / 131072 /
+// 262144 1.22 / 1.27 / 1.39 -> 1.14 / 1.18 / 1.30 of a copy on 4 / 8 / 16 CTAs of 128, the
+// narrow forward at 65537 1.40 -> 1.20; the backward at 16384 / 32768 / 65536 1.14 / 1.13 / 1.21
+// -> 1.10 / 1.11 / 1.13 of an add on 2 / 4 / 8; the fused op alike. Not taken: one CTA of 256
+// split in two in the forward (32768: 1.12 -> 1.14), and in the backward 16 CTAs of 128 instead
+// of 8 of 256 (the fused backward at 65536: 1.28 -> 1.38). Clusters of more than kRowPortableCluster CTAs (8, the
 // portable size, which every sm_90 device launches) are not portable: where the device cannot
 // place one, the launcher takes the tiled kernels instead (launch.cuh, clusters_fit). Clusters
 // of 16 against the tiled kernels, bf16 on an H200 (bench/NOTES.md v15): backward 262144 1.47 of
@@ -106,7 +120,10 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // 256 beat one of 512 in the backward, and CTAs of 512 threads beat CTAs of 1024 (64
 // registers, spills) and mostly those of 256 for longer rows.
 constexpr int kRowFwdSplit = 512;
-constexpr int kRowBwdSplit = 256;
+constexpr int kRowBwdSplit = 128;
+constexpr int kRowSmallCtaThreads = 128;
+constexpr int kRowFwdSmallCluster = 16;
+constexpr int kRowBwdSmallCluster = 8;
 constexpr int kRowClusterCtaThreads = 512;
 constexpr int kRowMaxCluster = 16;
 constexpr int kRowPortableCluster = 8;
@@ -176,16 +193,24 @@ inline int64_t row_lanes(int64_t need) {
 // A row's plan: G = row_lanes threads. Blocks of R = 128 / G rows when G divides 128
 // (128-thread blocks keep up to 16 blocks an SM resident when rows are short), else of one row.
 // A row that needs more than `split` threads (and max_cluster > 1) is split over a
-// thread-block cluster: the fewest CTAs (a power of two from 2 to max_cluster) of at most
-// `cta_threads` threads each (a multiple of 32), which add their partial sums through
-// distributed shared memory. Not ok past kRowMaxThreads threads in one CTA, or past
-// max_cluster CTAs of cta_threads.
+// thread-block cluster of CTAs that add their partial sums through distributed shared memory:
+// the fewest CTAs (a power of two from 2 to small_cluster) of at most kRowSmallCtaThreads
+// threads each; a row longer than that, the fewest (a power of two from 2 to max_cluster) of at
+// most `cta_threads` threads each. A CTA's threads are a multiple of 32. Not ok past
+// max_threads threads in one CTA, or past max_cluster CTAs of cta_threads.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
-                        int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads) {
+                        int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads,
+                        int small_cluster = 0) {
   const int64_t packs = slot_packs(H, elem_size);
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   const int64_t G = row_lanes(need);
   if (G > split && max_cluster > 1) {
+    for (int64_t C = 2; C <= std::min(small_cluster, max_cluster); C *= 2) {
+      if ((need + C - 1) / C <= kRowSmallCtaThreads) {
+        const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
+        return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
+      }
+    }
     int64_t C = 2;
     while (C < max_cluster && (need + C - 1) / C > cta_threads) C *= 2;
     const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
@@ -198,8 +223,9 @@ inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int spli
 }
 
 // The row kernels' split point and CTA size for rows of clusters, and the largest cluster
-// (all tunable: _tune_rows' cta_threads sets both the split and the CTA size). `clusters`:
-// the device launches clusters (sm_90 and later).
+// (all tunable: _tune_rows' cta_threads sets both the split and the CTA size, and then rows
+// take CTAs of that size only, without the first tier of kRowSmallCtaThreads). `clusters`: the
+// device launches clusters (sm_90 and later).
 inline int row_split_threads(bool backward) {
   const RowTuning t = row_tuning();
   if (t.cta_threads > 0) return t.cta_threads;
@@ -214,17 +240,17 @@ inline int row_max_cluster(bool clusters) {
   const RowTuning t = row_tuning();
   return t.max_cluster > 0 ? t.max_cluster : kRowMaxCluster;
 }
+inline int row_small_cluster(bool backward) {
+  if (row_tuning().cta_threads > 0) return 0;
+  return backward ? kRowBwdSmallCluster : kRowFwdSmallCluster;
+}
 
 // The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap;
 // the wide builds' CTAs hold at most kRowWideThreads threads (so do their rows without clusters).
 inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
-  if (wide_build(backward, mul, packs_per_thread)) {
-    const int cap = kRowWideThreads;
-    return row_plan(H, elem_size, packs_per_thread, std::min(row_split_threads(backward), cap),
-                    std::min(row_cta_threads(), cap), row_max_cluster(clusters), cap);
-  }
-  return row_plan(H, elem_size, packs_per_thread, row_split_threads(backward), row_cta_threads(),
-                  row_max_cluster(clusters));
+  const int cap = wide_build(backward, mul, packs_per_thread) ? kRowWideThreads : kRowMaxThreads;
+  return row_plan(H, elem_size, packs_per_thread, std::min(row_split_threads(backward), cap),
+                  std::min(row_cta_threads(), cap), row_max_cluster(clusters), cap, row_small_cluster(backward));
 }
 
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not

@@ -108,12 +108,13 @@ def test_fused_mul_on_clusters(clusters, dtype, H, cta, cluster):
     check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
 
 
-@pytest.mark.parametrize("H,M", [(65536, 1024), (131072, 512), (262144, 128)])
+@pytest.mark.parametrize("H,M", [(16384, 1024), (16385, 512), (65536, 1024), (131072, 512), (262144, 128)])
 def test_the_tables_long_rows(H, M):
-    # The table's own clusters (2-16 CTAs of 256 threads; the backward at 262144 on 16, where the
-    # device places them, as an H200 does): each persistent cluster walks several rows, so both
-    # mbarriers of cluster_row_reduce turn their phases over many times. Against the oracle, and
-    # the same bits again.
+    # The table's own clusters (2-16 CTAs of 128 threads, longer rows' of 256; the backward at
+    # 16384 and 16385 (same-phase) on 2 of 128, at 262144 on 16 of 256, where the device places
+    # them, as an H200 does): each persistent cluster walks several rows, so both mbarriers of
+    # cluster_row_reduce turn their phases over many times. Against the oracle, and the same bits
+    # again.
     assert plan_cluster("forward", H, torch.bfloat16) > 1 and plan_cluster("backward", H, torch.bfloat16) > 1
     gen = torch.Generator().manual_seed(seed_for("clusters-long", H, M))
     x, g = (make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(2))
@@ -126,9 +127,10 @@ def test_the_tables_long_rows(H, M):
 
 
 def test_the_fused_ops_long_rows():
-    # mul_backward at 131072 on the table's clusters of 16, mul_forward on 8: against the oracle.
+    # mul_backward at 131072 on the table's clusters of 16 CTAs of 256, mul_forward on 16 of 128:
+    # against the oracle.
     H = 131072
-    assert plan_cluster("mul_backward", H, torch.bfloat16) == 16 and plan_cluster("mul_forward", H, torch.bfloat16) == 8
+    assert plan_cluster("mul_backward", H, torch.bfloat16) == 16 and plan_cluster("mul_forward", H, torch.bfloat16) == 16
     gen = torch.Generator().manual_seed(seed_for("clusters-long-mul", H))
     x, mul, g = (make_rows(96, H, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cuda", gen)

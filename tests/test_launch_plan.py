@@ -24,14 +24,18 @@ force = torch.ops.polynorm._force_kernel
 # packs hold at most 64 elements a thread (row_packs); odd rows whose last warp would be half idle
 # hold one pack fewer, in every op but mul_backward (packs_of below). By op: the wide packs a thread and the
 # tensors a thread holds (a build holding 12 packs or more is wide), and each class's (most
-# threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
-# split past them; the narrow forward's hold up to 1024 without clusters, and with clusters
-# split past 512 threads over CTAs of up to 512. On devices that launch clusters (sm_90 and
-# later; `clusters=False`: older ones) a row splits over up to MAX_CLUSTER CTAs.
+# threads of one CTA, split, CTA size of the longest rows of clusters): wide CTAs hold up to 256
+# threads, the forward's split past 256, the backward's past 128; the narrow forward's hold up to
+# 1024 without clusters, and with clusters split past 512 threads. On devices that launch
+# clusters (sm_90 and later; `clusters=False`: older ones) a split row takes the fewest CTAs of
+# at most SMALL_CTA threads, up to SMALL_CLUSTER of them; a longer row the fewest of at most the
+# class's CTA size, up to MAX_CLUSTER (cluster_of below).
 PACKS = {"forward": 16, "backward": 8, "mul_forward": 8, "mul_backward": 4}  # kRow*Packs
 HELD = {"forward": 1, "backward": 2, "mul_forward": 2, "mul_backward": 3}  # tensors held a thread
-WIDE = (256, 256, 256)  # kRowWideThreads
+WIDE = {"forward": (256, 256, 256), "backward": (256, 128, 256)}  # kRowWideThreads, kRowBwdSplit
 NARROW = (1024, 512, 512)  # the narrow forward: kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
+SMALL_CTA = 128  # kRowSmallCtaThreads
+SMALL_CLUSTER = {"forward": 16, "backward": 8}  # kRowFwdSmallCluster, kRowBwdSmallCluster
 MAX_CLUSTER = 16  # kRowMaxCluster (past 8, where the device places it: else the launcher goes tiled)
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
 OPS = tuple(PACKS)
@@ -68,10 +72,32 @@ def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
     return packs - 1 if at > 32 and fewer <= 256 and fewer * (packs - 1) < at * packs else packs
 
 
+def direction(op: str) -> str:
+    return "backward" if op.endswith("backward") else "forward"
+
+
 def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
-    """(packs a thread, most threads of one CTA, split, cluster CTA size) of a row of H."""
+    """(packs a thread, most threads of one CTA, split, CTA size of the longest cluster rows) of a row of H."""
     packs = packs_of(op, dtype, H)
-    return (packs, *(WIDE if packs * HELD[op] >= 12 else NARROW))
+    return (packs, *(WIDE[direction(op)] if packs * HELD[op] >= 12 else NARROW))
+
+
+def cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool = True):
+    """(CTAs, threads a CTA) of a row of H (launch_plan.h's row_plan), or None: the tiled kernels."""
+    packs, most, split, cta_threads = geometry(op, dtype, H)
+    need = -(-slot_packs(dtype, H) // packs)  # threads that cover the row
+    if not clusters or lanes(need) <= split:
+        return (1, lanes(need)) if lanes(need) <= most else None
+    C = 2
+    while C <= SMALL_CLUSTER[direction(op)]:  # first: CTAs of at most SMALL_CTA threads
+        if -(-need // C) <= SMALL_CTA:
+            return C, -(-(-(-need // C)) // 32) * 32
+        C *= 2
+    C = 2
+    while C < MAX_CLUSTER and -(-need // C) > cta_threads:
+        C *= 2
+    per_cta = -(-(-(-need // C)) // 32) * 32
+    return (C, per_cta) if per_cta <= cta_threads else None
 
 
 def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
@@ -136,29 +162,37 @@ def test_odd_rows_hold_their_first_h_minus_1_elements_in_slots(op, dtype):
 @pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
 def test_long_rows_split_over_clusters(op, dtype, wide):
     # With clusters: rows of up to `split` threads as without; longer ones on the fewest CTAs (a
-    # power of two from 2 to MAX_CLUSTER) of at most `cta_threads` threads each (a multiple of
-    # 32), one row a block, together covering the row; longer still, tiled.
+    # power of two from 2) of at most SMALL_CTA threads each, up to SMALL_CLUSTER CTAs, then on the
+    # fewest of at most `cta_threads` threads each, up to MAX_CLUSTER (a multiple of 32 threads a
+    # CTA), one row a block, together covering the row; longer still, tiled.
     elem, vec = elem_size(dtype), 16 // elem_size(dtype)
     odd = 0 if wide else 1  # an odd H: one element past whole packs
     packs, most, split, cta_threads = geometry(op, dtype, vec + odd)
+    small = SMALL_CLUSTER[direction(op)]
     per_thread = packs * vec  # elements a thread holds
     longest = per_thread * cta_threads * MAX_CLUSTER + odd  # the class's longest row
-    for H in (96 * vec + odd, per_thread * split - vec + odd, per_thread * split + odd,
-              per_thread * split + vec + odd, 3 * per_thread * most + 5 * vec + odd, longest):
+    sizes = {96 * vec + odd, per_thread * split - vec + odd, per_thread * split + odd, per_thread * split + vec + odd,
+             3 * per_thread * most + 5 * vec + odd, per_thread * SMALL_CTA * small + odd,
+             per_thread * SMALL_CTA * small + vec + odd, longest}
+    sizes |= set(range(vec + odd, longest, max(vec, longest // 1500 // vec * vec)))
+    for H in sorted(sizes):
         text = plan(op, H, dtype)
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
-        assert f["packs"] == packs, (H, text)
+        assert f["packs"] == packs_of(op, dtype, H), (H, text)
         need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
         C = f["cluster"]
+        assert (C, f["G"]) == cluster_of(op, dtype, H), (H, text)
         if -(-need // 32) * 32 <= split:
             assert C == 1 and text == plan(op, H, dtype, clusters=False), (H, text)
             continue
         assert C in (2, 4, 8, 16) and C <= MAX_CLUSTER, (H, text)
         assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
-        assert f["G"] <= cta_threads, (H, text)
-        assert C == 2 or -(-need // (C // 2)) > cta_threads, (H, text)  # the fewest CTAs
+        if need <= SMALL_CTA * small:  # the first tier: the fewest CTAs of at most SMALL_CTA
+            assert f["G"] <= SMALL_CTA and (C == 2 or -(-need // (C // 2)) > SMALL_CTA), (H, text)
+        else:  # the second: the fewest of at most cta_threads
+            assert f["G"] <= cta_threads and (C == 2 or -(-need // (C // 2)) > cta_threads), (H, text)
     assert plan(op, longest + 8 * vec, dtype).startswith("tiled "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
@@ -170,29 +204,33 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
 
 
 # csrc/launch_plan.h's table, bf16 rows of whole packs (fp32 rows hold half as many elements,
-# fp64 a quarter): (op, the longest row of one CTA, of a cluster, of one CTA without clusters).
-# Past the last row the table gives, the tiled kernels.
+# fp64 a quarter): (op, the longest row of one CTA, the CTAs of the next row, the longest row on
+# CTAs of 128 threads, of a cluster, of one CTA without clusters). Past the last row the table
+# gives, the tiled kernels.
 TABLE_BF16 = [
-    ("forward", 32768, 524288, 32768),
-    ("backward", 16384, 262144, 16384),
-    ("mul_forward", 16384, 262144, 16384),
-    ("mul_backward", 8192, 131072, 8192),
+    ("forward", 32768, 4, 262144, 524288, 32768),
+    ("backward", 8192, 2, 65536, 262144, 16384),
+    ("mul_forward", 16384, 4, 131072, 262144, 16384),
+    ("mul_backward", 4096, 2, 32768, 131072, 8192),
 ]
 
 
-@pytest.mark.parametrize("op,one_cta,cluster,no_clusters", TABLE_BF16)
+@pytest.mark.parametrize("op,one_cta,first,small,cluster,no_clusters", TABLE_BF16)
 @pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1), (torch.float16, 1), (torch.float32, 2), (torch.float64, 4)],
                          ids=str)
-def test_the_tables_boundaries(op, one_cta, cluster, no_clusters, dtype, scale):
+def test_the_tables_boundaries(op, one_cta, first, small, cluster, no_clusters, dtype, scale):
     # The boundaries written in csrc/launch_plan.h's table comment, for every dtype.
-    one_cta, cluster, no_clusters = one_cta // scale, cluster // scale, no_clusters // scale
+    one_cta, small, cluster, no_clusters = one_cta // scale, small // scale, cluster // scale, no_clusters // scale
     for misaligned in (False, True):  # the output's alignment never moves a boundary
         def kind(H, clusters=True):
             text = plan(op, H, dtype, out_misaligned=misaligned, clusters=clusters)
             return text.split()[0] + ("" if text.startswith("tiled") else f"x{fields(text)['cluster']}")
 
         vec = 16 // elem_size(dtype)  # the next row of whole packs
-        assert kind(one_cta) == "rowx1" and kind(one_cta + vec) == "rowx2", (op, dtype)
+        assert kind(one_cta) == "rowx1" and kind(one_cta + vec) == f"rowx{first}", (op, dtype)
+        C = SMALL_CLUSTER[direction(op)]
+        assert fields(plan(op, small, dtype))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
+        assert fields(plan(op, small + vec, dtype))["G"] > 128, (op, dtype)
         assert kind(cluster) == "rowx16" and kind(cluster + vec) == "tiled", (op, dtype)
         assert kind(no_clusters, False) == "rowx1" and kind(no_clusters + vec, False) == "tiled", (op, dtype)
 
@@ -302,7 +340,8 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
     # warp's half idle), at 7 packs 96 threads and 672 slots; 3001 (375) 64 threads either way,
     # 448 slots against 512. 4097 and 16385 fill whole warps at 8 (512 and 2048 slot packs).
     # fp32 5125 (1281 slot packs): forward 15 packs on 96 threads (1440 slots against 1536),
-    # backward 7 on 192. Every op but the fused backward (3 packs would not be a wide build).
+    # backward 7 on 192 (two CTAs of 96). Every op but the fused backward (3 packs would not be a
+    # wide build). (packs, threads of the row.)
     expected = {
         (torch.bfloat16, "forward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
         (torch.bfloat16, "backward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
@@ -316,12 +355,12 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
             f = fields(plan(op, H, dtype))
             assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
             if H in expected.get((dtype, op), {}):
-                assert (f["packs"], f["G"]) == expected[(dtype, op)][H], (op, dtype, H, f)
+                assert (f["packs"], f["G"] * f["cluster"]) == expected[(dtype, op)][H], (op, dtype, H, f)
 
 
 def test_a_pack_fewer_only_where_it_takes_fewer_slots():
     # Over a range of H: a pack fewer never takes more slots, and is taken wherever the rule
-    # (packs_of) says so; such rows fit one CTA of at most 256 threads.
+    # (packs_of) says so; such rows fit 256 threads (one CTA, or a cluster of two in the backward).
     for dtype in (torch.bfloat16, torch.float32):
         for H in range(1, 20000, 7):
             for op in ("forward", "backward", "mul_forward"):
@@ -329,7 +368,7 @@ def test_a_pack_fewer_only_where_it_takes_fewer_slots():
                 full = min(PACKS[op], 4 * elem_size(dtype))
                 if H * elem_size(dtype) % 16 and f["packs"] == full - 1:
                     assert f["G"] * f["packs"] < lanes(-(-slot_packs(dtype, H) // full)) * full, (op, H, f)
-                    assert f["cluster"] == 1 and f["threads"] <= 256, (op, H, f)
+                    assert f["cluster"] * f["G"] <= 256, (op, H, f)
                 assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
 
 
@@ -373,18 +412,9 @@ TUNE_ROWS_ERRORS = [
 
 def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool = True) -> str:
     """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
-    the row build while the row's threads fit one CTA, or with clusters the fewest CTAs (up to
-    MAX_CLUSTER) of the class's size, unless tiled is forced; the tiled build otherwise."""
-    packs, most, split, cta_threads = geometry(op, dtype, H)
-    need = -(-slot_packs(dtype, H) // packs)
-    if clusters and -(-need // 32) * 32 > split:
-        C = 2
-        while C < MAX_CLUSTER and -(-need // C) > cta_threads:
-            C *= 2
-        fits = -(-(-(-need // C)) // 32) * 32 <= cta_threads
-    else:
-        fits = (need if need <= 32 else -(-need // 32) * 32) <= most
-    return "row" if fits and forced != "tiled" else "tiled"
+    the row build while the row's threads fit one CTA, or with clusters a cluster (cluster_of),
+    unless tiled is forced; the tiled build otherwise."""
+    return "row" if cluster_of(op, dtype, H, clusters) is not None and forced != "tiled" else "tiled"
 
 
 @pytest.mark.parametrize("op", ["mul_forward", "mul_backward"])

@@ -137,8 +137,12 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N]): thread 0 arms
 // its CTA's mbarrier of the row's parity for the row's slot bytes (arrive.expect_tx), lanes
 // 0..C-1 store into peer `lane` by st.async, each store completing its bytes on that peer's
-// mbarrier, and every thread waits on its own CTA's mbarrier only (acquire at cluster scope; no
-// CTA waits for all of a peer's threads, as the cluster barrier does). Then every lane adds all
+// mbarrier, and every thread waits on its own CTA's mbarrier only (no CTA waits for all of a
+// peer's threads, as the cluster barrier does). The wait acquires at CTA scope, as CUTLASS's
+// transaction barriers and QuACK's cluster reduction do: the mbarrier's transaction count covers
+// the peers' st.async bytes in this CTA's shared memory, all the exchange reads. At cluster scope
+// (`.acquire.cluster`) ptxas invalidated the whole L1 after every wait (CCTL.IVALL: 11% of the
+// 131072 backward's stall samples, bench/NOTES.md v16). Then every lane adds all
 // C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
 // depends only on C G. Double-buffered by row parity: a peer writes slots of parity p again only
 // after its wait on the next row, which needs this CTA's stores of that row, which each warp
@@ -176,7 +180,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   uint32_t done = 0;
   do {
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}"
         : "=r"(done) : "r"(bar), "r"(phase) : "memory");
   } while (!done);
