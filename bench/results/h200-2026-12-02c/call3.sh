@@ -37,6 +37,7 @@ ncu --import "$rep.ncu-rep" --page details --print-details all > "$rep.txt" 2>&1
 ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1
 grep -E "Duration|DRAM Throughput|Warp Cycles Per Issued|Cluster Size|Block Size" "$rep.txt" | head -6
 grep -c "CCTL" "$rep.sass.csv"
+rm -f "$OUT"/ncu_131072.ncu-rep  # the text details and SASS table are kept: the report is 27 MB
 tar czf "$OUT/ncu.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_131072*) && rm -f "$OUT"/ncu_131072*
 stamp ncu
 timeout 110 python3 bench/ops_timing.py > "$OUT/ops_timing.log" 2>&1; echo "ops_timing rc=$?"
