@@ -15,41 +15,42 @@
 //   forward      | H <= 32768        | row, one CTA (<= 256 threads), | the row in registers (16 packs of x a
 //                |                   | a block per 128 / G rows       | thread, 128 registers): read once, one
 //                |                   |                                | reduction, no barrier but its own;
-//                |                   |                                | persistent: 1.05-1.12 of a copy
-//                | 32768 < H         | row, a cluster of 4-16 CTAs of | split past 256 threads; resident
-//                |   <= 262144       | <= 128 threads, persistent     | clusters walk the rows (131072: 1.18,
-//                |                   |                                | 1.27 on 4 CTAs of 256)
-//                | <= 524288         | a cluster of 16 CTAs of <= 256 |
+//                |                   |                                | persistent: 1.05-1.11 of a copy
+//                | 32768 < H         | row, a cluster of 2-16 CTAs,   | split past 256 threads; resident
+//                |   <= 524288       | persistent: CTAs of <= 128     | clusters walk the rows; 131072: 1.18
+//                |                   | threads where they hold no more| on 8 x 128, 1.27 on 4 x 256 (65536 /
+//                |                   | threads than CTAs of <= 256    | 262144: 4 / 16 x 128)
 //                | H > 524288        | tiled                          | past 16 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
 //   forward, odd | H <= 32769        | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
 //   H, 2-byte    |                   | one CTA (<= 512 threads)       | up to 256, 64 beyond), split past 512;
-//                | <= 131073         | a cluster of 8-16 CTAs of 128  | a block per R rows, persistent on
-//                | <= 524289         | a cluster of 8-16 CTAs of 512  | clusters (65537: 1.20, 1.40 on 2 x 512)
-//   backward     | H <= 8192         | row, one CTA (<= 128 threads), | x and grad_y in registers (8 packs each);
-//                |                   | persistent                     | a block per row: 1.5-1.7 of an add
-//                | 8192 < H          | row, a cluster of 2-8 CTAs of  | split past 128 threads (16384: 1.10,
-//                |   <= 65536        | <= 128 threads, persistent     | 1.14 on one CTA of 256)
-//                | <= 262144         | a cluster of 8-16 CTAs of 256  | 262144 on 16: 1.45, tiled 1.83
+//                | <= 524289         | a cluster of 2-16 CTAs: of 128 | a block per R rows, persistent on
+//                |                   | as above, else of <= 512       | clusters (65537: 1.22 on 8 x 128,
+//                |                   |                                | 1.40 on 2 x 512)
+//   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
+//                |                   | persistent; or 2 CTAs of <= 128| a block per row: 1.5-1.7 of an add.
+//                |                   | where they hold no more threads| 16384: 1.10 on 2 x 128, 1.13 on 1 x 256
+//                |                   | (12288, 16384: 2 x 96, 2 x 128)| (12288: 1.12 against 1.20)
+//                | 16384 < H         | row, a cluster of 2-16 CTAs:   | 65536: 1.14 on 8 x 128, 1.19 on 4 x
+//                |   <= 262144       | of <= 128 threads (up to 8) as | 256; 262144 on 16: 1.43 of an add,
+//                |                   | above, else of <= 256          | tiled 1.83
 //                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  |
-//                | <= 131072,        | and mul                        |
-//                | <= 262144, beyond |                                |
-//   mul_backward | H <= 4096         | as backward, 4 packs each of x,|
-//                | <= 32768,         | grad_out and mul               |
-//                | <= 131072, beyond |                                |
+//                | <= 262144, beyond | and mul                        |
+//   mul_backward | H <= 8192         | as backward, 4 packs each of x,|
+//                | <= 131072, beyond | grad_out and mul               |
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
 // extra chunk is held apart (the last lane's `ext`), and so is a last element past whole packs,
-// so odd rows reach the same bounds plus an element (bf16 backward: H = 8193 in one CTA, next
-// to 8192; H = 4097 forward on 64 threads, not 96).
+// so odd rows reach the same bounds plus an element (bf16 backward: H = 16385 on the plan of
+// 16384; H = 4097 forward on 64 threads, not 96).
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
-//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 128 threads
-//   each, up to 16 (forward) or 8 (backward); longer rows the fewest of at most 256 (wide) or
-//   512 (narrow) threads each (row_plan). Clusters of 16 are not portable: a device that cannot
+//   rows when G < 128. Cluster rows: the fewest CTAs (2, 4, 8 or 16) of at most 256 (wide) or
+//   512 (narrow) threads each; or the fewest of at most 128, up to 16 (forward) or 8 (backward),
+//   where they hold no more threads (row_plan). Clusters of 16 are not portable: a device that cannot
 //   place one takes the tiled kernels for that row (launch.cuh, clusters_fit).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads wide (bf16:
 //   forward H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward
@@ -100,17 +101,20 @@ constexpr bool wide_build(bool backward, bool mul, int packs) { return packs_hel
 inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 == 0; }
 
 // Clusters (sm_90): a row that needs more threads than kRowFwdSplit (forward, mul_forward; the
-// wide builds: kRowWideThreads) or kRowBwdSplit (backward, mul_backward) is split over a cluster.
-// First over CTAs of kRowSmallCtaThreads, the fewest that hold the row, up to
-// kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them; a row longer than
-// that over CTAs of at most kRowClusterCtaThreads threads (the wide builds: kRowWideThreads), up
-// to kRowMaxCluster CTAs. Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
+// wide builds: kRowWideThreads) or kRowBwdSplit (backward, mul_backward) is split over a
+// cluster of CTAs of at most kRowClusterCtaThreads threads (the wide builds: kRowWideThreads),
+// up to kRowMaxCluster CTAs. First, though, a row that needs more threads than the forward's
+// split or than kRowBwdSmallSplit (backward) takes the fewest CTAs of kRowSmallCtaThreads that
+// hold it, up to kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them, where
+// they hold no more threads than the other plan (row_plan). Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
 // bf16, against the CTAs of 256 of before in the same run): the forward at 65536 / 131072 /
 // 262144 1.22 / 1.27 / 1.39 -> 1.14 / 1.18 / 1.30 of a copy on 4 / 8 / 16 CTAs of 128, the
 // narrow forward at 65537 1.40 -> 1.20; the backward at 16384 / 32768 / 65536 1.14 / 1.13 / 1.21
 // -> 1.10 / 1.11 / 1.13 of an add on 2 / 4 / 8; the fused op alike. Not taken: one CTA of 256
-// split in two in the forward (32768: 1.12 -> 1.14), and in the backward 16 CTAs of 128 instead
-// of 8 of 256 (the fused backward at 65536: 1.28 -> 1.38). Clusters of more than kRowPortableCluster CTAs (8, the
+// split in two in the forward (32768: 1.12 -> 1.14), in the backward 16 CTAs of 128 instead of 8
+// of 256 (the fused backward at 65536: 1.28 -> 1.38), and CTAs of 128 that hold more threads
+// than the other plan (bf16 backward H = 9000, call 3: two of 96 1.35, one of 160 1.16). Left as
+// measured: the fused backward at odd 16385 on 4 CTAs of 128, 1.26 against 1.19 on 2 of 256. Clusters of more than kRowPortableCluster CTAs (8, the
 // portable size, which every sm_90 device launches) are not portable: where the device cannot
 // place one, the launcher takes the tiled kernels instead (launch.cuh, clusters_fit). Clusters
 // of 16 against the tiled kernels, bf16 on an H200 (bench/NOTES.md v15): backward 262144 1.47 of
@@ -120,7 +124,8 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // 256 beat one of 512 in the backward, and CTAs of 512 threads beat CTAs of 1024 (64
 // registers, spills) and mostly those of 256 for longer rows.
 constexpr int kRowFwdSplit = 512;
-constexpr int kRowBwdSplit = 128;
+constexpr int kRowBwdSplit = 256;
+constexpr int kRowBwdSmallSplit = 128;
 constexpr int kRowSmallCtaThreads = 128;
 constexpr int kRowFwdSmallCluster = 16;
 constexpr int kRowBwdSmallCluster = 8;
@@ -190,27 +195,16 @@ inline int64_t row_lanes(int64_t need) {
   while (G < need && G < 32) G *= 2;
   return G < need ? (need + 31) / 32 * 32 : G;
 }
-// A row's plan: G = row_lanes threads. Blocks of R = 128 / G rows when G divides 128
-// (128-thread blocks keep up to 16 blocks an SM resident when rows are short), else of one row.
-// A row that needs more than `split` threads (and max_cluster > 1) is split over a
-// thread-block cluster of CTAs that add their partial sums through distributed shared memory:
-// the fewest CTAs (a power of two from 2 to small_cluster) of at most kRowSmallCtaThreads
-// threads each; a row longer than that, the fewest (a power of two from 2 to max_cluster) of at
-// most `cta_threads` threads each. A CTA's threads are a multiple of 32. Not ok past
-// max_threads threads in one CTA, or past max_cluster CTAs of cta_threads.
-inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
-                        int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads,
-                        int small_cluster = 0) {
-  const int64_t packs = slot_packs(H, elem_size);
-  const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
+// A row's plan in one tier, for a row that needs `need` threads: G = row_lanes threads. Blocks
+// of R = 128 / G rows when G divides 128 (128-thread blocks keep up to 16 blocks an SM resident
+// when rows are short), else of one row. A row that needs more than `split` threads (and
+// max_cluster > 1) is split over a thread-block cluster of CTAs that add their partial sums
+// through distributed shared memory: the fewest CTAs (a power of two from 2 to max_cluster) of
+// at most `cta_threads` threads each, a multiple of 32. Not ok past max_threads threads in one
+// CTA, or past max_cluster CTAs of cta_threads.
+inline RowPlan row_plan_one_tier(int64_t need, int split, int cta_threads, int max_cluster, int max_threads) {
   const int64_t G = row_lanes(need);
   if (G > split && max_cluster > 1) {
-    for (int64_t C = 2; C <= std::min(small_cluster, max_cluster); C *= 2) {
-      if ((need + C - 1) / C <= kRowSmallCtaThreads) {
-        const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
-        return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
-      }
-    }
     int64_t C = 2;
     while (C < max_cluster && (need + C - 1) / C > cta_threads) C *= 2;
     const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
@@ -220,6 +214,26 @@ inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int spli
   if (G > max_threads) return {false, 0, 0, 0};
   const int64_t rows = G < kRowMinThreads && kRowMinThreads % G == 0 ? kRowMinThreads / G : 1;
   return {true, static_cast<int>(G), static_cast<int>(rows * G), 1};
+}
+// A row's plan: row_plan_one_tier's, but for the first tier (small_cluster > 1): a row that
+// needs more than `small_split` threads takes instead the fewest CTAs (2 to small_cluster) of at
+// most kRowSmallCtaThreads threads each, where there are such CTAs and they hold no more threads
+// than the one-tier plan (bf16 backward H = 9000, 141 threads: one CTA of 160, not two of 96:
+// 1.16 of an add against 1.35, bench/NOTES.md v16).
+inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
+                        int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads,
+                        int small_split = kRowMaxThreads, int small_cluster = 0) {
+  const int64_t packs = slot_packs(H, elem_size);
+  const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
+  const RowPlan plan = row_plan_one_tier(need, split, cta_threads, max_cluster, max_threads);
+  if (row_lanes(need) <= small_split || max_cluster <= 1) return plan;
+  for (int64_t C = 2; C <= std::min(small_cluster, max_cluster); C *= 2) {
+    if ((need + C - 1) / C > kRowSmallCtaThreads) continue;
+    const int64_t per_cta = ((need + C - 1) / C + 31) / 32 * 32;
+    if (plan.ok && C * per_cta > int64_t(plan.cluster) * plan.G) break;  // more idle threads: the plan
+    return {true, static_cast<int>(per_cta), static_cast<int>(per_cta), static_cast<int>(C)};
+  }
+  return plan;
 }
 
 // The row kernels' split point and CTA size for rows of clusters, and the largest cluster
@@ -249,8 +263,9 @@ inline int row_small_cluster(bool backward) {
 // the wide builds' CTAs hold at most kRowWideThreads threads (so do their rows without clusters).
 inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
   const int cap = wide_build(backward, mul, packs_per_thread) ? kRowWideThreads : kRowMaxThreads;
-  return row_plan(H, elem_size, packs_per_thread, std::min(row_split_threads(backward), cap),
-                  std::min(row_cta_threads(), cap), row_max_cluster(clusters), cap, row_small_cluster(backward));
+  const int split = std::min(row_split_threads(backward), cap);
+  return row_plan(H, elem_size, packs_per_thread, split, std::min(row_cta_threads(), cap), row_max_cluster(clusters),
+                  cap, backward ? kRowBwdSmallSplit : split, row_small_cluster(backward));
 }
 
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not

@@ -24,17 +24,19 @@ force = torch.ops.polynorm._force_kernel
 # packs hold at most 64 elements a thread (row_packs); odd rows whose last warp would be half idle
 # hold one pack fewer, in every op but mul_backward (packs_of below). By op: the wide packs a thread and the
 # tensors a thread holds (a build holding 12 packs or more is wide), and each class's (most
-# threads of one CTA, split, CTA size of the longest rows of clusters): wide CTAs hold up to 256
-# threads, the forward's split past 256, the backward's past 128; the narrow forward's hold up to
-# 1024 without clusters, and with clusters split past 512 threads. On devices that launch
-# clusters (sm_90 and later; `clusters=False`: older ones) a split row takes the fewest CTAs of
-# at most SMALL_CTA threads, up to SMALL_CLUSTER of them; a longer row the fewest of at most the
-# class's CTA size, up to MAX_CLUSTER (cluster_of below).
+# threads of one CTA, split, CTA size of rows of clusters): wide CTAs hold up to 256 threads and
+# split past them; the narrow forward's hold up to 1024 without clusters, and with clusters split
+# past 512 threads over CTAs of up to 512. On devices that launch clusters (sm_90 and later;
+# `clusters=False`: older ones) a split row takes the fewest CTAs of the class's size, up to
+# MAX_CLUSTER; but a row of more threads than the forward's split or SMALL_SPLIT (backward) takes
+# the fewest CTAs of at most SMALL_CTA threads, up to SMALL_CLUSTER, where they hold no more
+# threads than that (cluster_of below).
 PACKS = {"forward": 16, "backward": 8, "mul_forward": 8, "mul_backward": 4}  # kRow*Packs
 HELD = {"forward": 1, "backward": 2, "mul_forward": 2, "mul_backward": 3}  # tensors held a thread
-WIDE = {"forward": (256, 256, 256), "backward": (256, 128, 256)}  # kRowWideThreads, kRowBwdSplit
+WIDE = (256, 256, 256)  # kRowWideThreads
 NARROW = (1024, 512, 512)  # the narrow forward: kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
 SMALL_CTA = 128  # kRowSmallCtaThreads
+SMALL_SPLIT_BWD = 128  # kRowBwdSmallSplit
 SMALL_CLUSTER = {"forward": 16, "backward": 8}  # kRowFwdSmallCluster, kRowBwdSmallCluster
 MAX_CLUSTER = 16  # kRowMaxCluster (past 8, where the device places it: else the launcher goes tiled)
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
@@ -79,7 +81,7 @@ def direction(op: str) -> str:
 def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
     """(packs a thread, most threads of one CTA, split, CTA size of the longest cluster rows) of a row of H."""
     packs = packs_of(op, dtype, H)
-    return (packs, *(WIDE[direction(op)] if packs * HELD[op] >= 12 else NARROW))
+    return (packs, *(WIDE if packs * HELD[op] >= 12 else NARROW))
 
 
 def cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool = True):
@@ -87,17 +89,25 @@ def cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool = True):
     packs, most, split, cta_threads = geometry(op, dtype, H)
     need = -(-slot_packs(dtype, H) // packs)  # threads that cover the row
     if not clusters or lanes(need) <= split:
-        return (1, lanes(need)) if lanes(need) <= most else None
+        one_tier = (1, lanes(need)) if lanes(need) <= most else None
+    else:
+        C = 2
+        while C < MAX_CLUSTER and -(-need // C) > cta_threads:
+            C *= 2
+        per_cta = -(-(-(-need // C)) // 32) * 32
+        one_tier = (C, per_cta) if per_cta <= cta_threads else None
+    small_split = SMALL_SPLIT_BWD if direction(op) == "backward" else split
+    if not clusters or lanes(need) <= small_split:
+        return one_tier
     C = 2
-    while C <= SMALL_CLUSTER[direction(op)]:  # first: CTAs of at most SMALL_CTA threads
+    while C <= SMALL_CLUSTER[direction(op)]:  # the first tier: the fewest CTAs of at most SMALL_CTA
         if -(-need // C) <= SMALL_CTA:
-            return C, -(-(-(-need // C)) // 32) * 32
+            per_cta = -(-(-(-need // C)) // 32) * 32
+            if one_tier is None or C * per_cta <= one_tier[0] * one_tier[1]:  # no more threads
+                return C, per_cta
+            return one_tier
         C *= 2
-    C = 2
-    while C < MAX_CLUSTER and -(-need // C) > cta_threads:
-        C *= 2
-    per_cta = -(-(-(-need // C)) // 32) * 32
-    return (C, per_cta) if per_cta <= cta_threads else None
+    return one_tier
 
 
 def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
@@ -161,10 +171,11 @@ def test_odd_rows_hold_their_first_h_minus_1_elements_in_slots(op, dtype):
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
 def test_long_rows_split_over_clusters(op, dtype, wide):
-    # With clusters: rows of up to `split` threads as without; longer ones on the fewest CTAs (a
-    # power of two from 2) of at most SMALL_CTA threads each, up to SMALL_CLUSTER CTAs, then on the
-    # fewest of at most `cta_threads` threads each, up to MAX_CLUSTER (a multiple of 32 threads a
-    # CTA), one row a block, together covering the row; longer still, tiled.
+    # With clusters: rows of up to `split` threads as without (but the backward's first tier);
+    # longer ones on the fewest CTAs (a power of two from 2) of at most `cta_threads` threads each,
+    # up to MAX_CLUSTER, or of at most SMALL_CTA threads each, up to SMALL_CLUSTER CTAs, where
+    # those hold no more threads (a multiple of 32 threads a CTA), one row a block, together
+    # covering the row; longer still, tiled.
     elem, vec = elem_size(dtype), 16 // elem_size(dtype)
     odd = 0 if wide else 1  # an odd H: one element past whole packs
     packs, most, split, cta_threads = geometry(op, dtype, vec + odd)
@@ -183,16 +194,14 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
         need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
         C = f["cluster"]
         assert (C, f["G"]) == cluster_of(op, dtype, H), (H, text)
-        if -(-need // 32) * 32 <= split:
-            assert C == 1 and text == plan(op, H, dtype, clusters=False), (H, text)
+        if C == 1:
+            assert text == plan(op, H, dtype, clusters=False) and lanes(need) <= split, (H, text)
             continue
         assert C in (2, 4, 8, 16) and C <= MAX_CLUSTER, (H, text)
         assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
         assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
-        if need <= SMALL_CTA * small:  # the first tier: the fewest CTAs of at most SMALL_CTA
-            assert f["G"] <= SMALL_CTA and (C == 2 or -(-need // (C // 2)) > SMALL_CTA), (H, text)
-        else:  # the second: the fewest of at most cta_threads
-            assert f["G"] <= cta_threads and (C == 2 or -(-need // (C // 2)) > cta_threads), (H, text)
+        tier = SMALL_CTA if f["G"] <= SMALL_CTA and C <= small else cta_threads
+        assert C == 2 or -(-need // (C // 2)) > tier, (H, text)  # the fewest CTAs of its tier
     assert plan(op, longest + 8 * vec, dtype).startswith("tiled "), (op, dtype)
     # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
     try:
@@ -204,30 +213,35 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
 
 
 # csrc/launch_plan.h's table, bf16 rows of whole packs (fp32 rows hold half as many elements,
-# fp64 a quarter): (op, the longest row of one CTA, the CTAs of the next row, the longest row on
-# CTAs of 128 threads, of a cluster, of one CTA without clusters). Past the last row the table
-# gives, the tiled kernels.
+# fp64 a quarter): (op, a row of one CTA, the next longer row of whole warps (one CTA, or a
+# cluster of 2 of 128 in the backward), the shortest and the longest row on CTAs of 128, the
+# longest row of a cluster, the longest of one CTA without clusters). Past the last rows the
+# table gives, the tiled kernels.
 TABLE_BF16 = [
-    ("forward", 32768, 4, 262144, 524288, 32768),
-    ("backward", 8192, 2, 65536, 262144, 16384),
-    ("mul_forward", 16384, 4, 131072, 262144, 16384),
-    ("mul_backward", 4096, 2, 32768, 131072, 8192),
+    ("forward", 32768, 32768, 65536, 262144, 524288, 32768),
+    ("backward", 8192, 9216, 12288, 65536, 262144, 16384),
+    ("mul_forward", 16384, 16384, 32768, 131072, 262144, 16384),
+    ("mul_backward", 4096, 4608, 6144, 32768, 131072, 8192),
 ]
 
 
-@pytest.mark.parametrize("op,one_cta,first,small,cluster,no_clusters", TABLE_BF16)
+@pytest.mark.parametrize("op,one_cta,longer,first_small,small,cluster,no_clusters", TABLE_BF16)
 @pytest.mark.parametrize("dtype,scale", [(torch.bfloat16, 1), (torch.float16, 1), (torch.float32, 2), (torch.float64, 4)],
                          ids=str)
-def test_the_tables_boundaries(op, one_cta, first, small, cluster, no_clusters, dtype, scale):
+def test_the_tables_boundaries(op, one_cta, longer, first_small, small, cluster, no_clusters, dtype, scale):
     # The boundaries written in csrc/launch_plan.h's table comment, for every dtype.
-    one_cta, small, cluster, no_clusters = one_cta // scale, small // scale, cluster // scale, no_clusters // scale
+    one_cta, longer, first_small = one_cta // scale, longer // scale, first_small // scale
+    small, cluster, no_clusters = small // scale, cluster // scale, no_clusters // scale
     for misaligned in (False, True):  # the output's alignment never moves a boundary
         def kind(H, clusters=True):
             text = plan(op, H, dtype, out_misaligned=misaligned, clusters=clusters)
             return text.split()[0] + ("" if text.startswith("tiled") else f"x{fields(text)['cluster']}")
 
         vec = 16 // elem_size(dtype)  # the next row of whole packs
-        assert kind(one_cta) == "rowx1" and kind(one_cta + vec) == f"rowx{first}", (op, dtype)
+        assert kind(one_cta) == "rowx1" and kind(longer) == "rowx1", (op, dtype)
+        # The first rows on CTAs of at most 128 threads: 2 x 96 in the backward, 4 x 128 forward.
+        first = fields(plan(op, first_small, dtype, out_misaligned=misaligned))
+        assert first["cluster"] > 1 and first["G"] <= 128, (op, dtype, first)
         C = SMALL_CLUSTER[direction(op)]
         assert fields(plan(op, small, dtype))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
         assert fields(plan(op, small + vec, dtype))["G"] > 128, (op, dtype)
