@@ -141,7 +141,8 @@ constexpr int kRowPortableCluster = 8;
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
-  int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster (0 = the table's)
+  int cta_threads;  // the most threads of a row in one CTA before it is split over a cluster of CTAs of that
+                    // size, one tier (0 = the table's, two tiers: row_plan)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
 };

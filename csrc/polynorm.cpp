@@ -193,8 +193,9 @@ std::atomic<bool> g_trim_packs{true};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
-// of a row in one CTA before the row is split over a thread-block cluster (0 = the table's; the
-// wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
+// of a row in one CTA before the row is split over a thread-block cluster of CTAs of that size
+// (0 = the table's, whose split rows take CTAs of 128 first; a size set here takes one tier, so
+// 512 gives the table of before the fourteenth session; the wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
 // device that cannot place the row's cluster takes the tiled kernels), and whether half-idle odd rows take a pack fewer (row_packs).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs) {

@@ -18,9 +18,10 @@
 // - Row kernels (poly_norm_{fwd,bwd}_row_kernel): a row held in registers by G threads, read
 //   from device memory once; see "Row kernels (v5, v8)" in packs.cuh. A row longer than one
 //   CTA takes (the table in launch_plan.h: past 256 threads for the wide builds; past 512
-//   for the narrow forward) is split over a thread-block cluster of up
-//   to 16 CTAs that add their sums through distributed shared memory and mbarriers (sm_90 and
-//   later; bf16: H <= 524288 forward, 262144 backward). Almost every model runs here.
+//   for the narrow forward; and backward rows of 192 or 256 threads) is split over a
+//   thread-block cluster of up to 16 CTAs (of 128 threads where that holds no more threads) that
+//   add their sums through distributed shared memory and mbarriers (sm_90 and later; bf16:
+//   H <= 524288 forward, 262144 backward). Almost every model runs here.
 // - Tiled kernels (poly_norm_{fwd,bwd}_tiled_kernel): any longer row (on devices without
 //   clusters, any row past one CTA: 256 threads wide, 1024 narrow; on a device that cannot
 //   place a row's cluster of more than 8 CTAs, that row: clusters_fit), walked twice when it
