@@ -109,12 +109,15 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // they hold no more threads than the other plan (row_plan). Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
 // bf16, against the CTAs of 256 of before in the same run): the forward at 65536 / 131072 /
 // 262144 1.22 / 1.27 / 1.39 -> 1.14 / 1.18 / 1.30 of a copy on 4 / 8 / 16 CTAs of 128, the
-// narrow forward at 65537 1.40 -> 1.20; the backward at 16384 / 32768 / 65536 1.14 / 1.13 / 1.21
+// narrow forward at 65537 1.40 -> 1.20 (call 3: 1.40 -> 1.22); the backward at 16384 / 32768 / 65536 1.14 / 1.13 / 1.21
 // -> 1.10 / 1.11 / 1.13 of an add on 2 / 4 / 8; the fused op alike. Not taken: one CTA of 256
 // split in two in the forward (32768: 1.12 -> 1.14), in the backward 16 CTAs of 128 instead of 8
 // of 256 (the fused backward at 65536: 1.28 -> 1.38), and CTAs of 128 that hold more threads
 // than the other plan (bf16 backward H = 9000, call 3: two of 96 1.35, one of 160 1.16). Left as
-// measured: the fused backward at odd 16385 on 4 CTAs of 128, 1.26 against 1.19 on 2 of 256. Clusters of more than kRowPortableCluster CTAs (8, the
+// measured: the fused backward at odd 16385 on 4 CTAs of 128, 1.26 against 1.19 on 2 of 256. A
+// tie can turn a portable cluster of 8 x 256 into 16 x 128 (bf16 forward 163848-262144, the
+// fused forward 81928-131072): a device that cannot place 16 takes the tiled kernels for those
+// rows (clusters_fit), not the 8 x 256 (which an H200 never needs). Clusters of more than kRowPortableCluster CTAs (8, the
 // portable size, which every sm_90 device launches) are not portable: where the device cannot
 // place one, the launcher takes the tiled kernels instead (launch.cuh, clusters_fit). Clusters
 // of 16 against the tiled kernels, bf16 on an H200 (bench/NOTES.md v15): backward 262144 1.47 of

@@ -199,7 +199,7 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
             continue
         assert C in (2, 4, 8, 16) and C <= MAX_CLUSTER, (H, text)
         assert f["threads"] == f["G"] and f["G"] % 32 == 0 and C * f["G"] >= need, (H, text)
-        assert C * (f["G"] - 32) < need, (H, text)  # no CTA wholly idle, none a warp too many
+        assert C * (f["G"] - 32) < need, (H, text)  # the fewest warps a CTA for C CTAs
         tier = SMALL_CTA if f["G"] <= SMALL_CTA and C <= small else cta_threads
         assert C == 2 or -(-need // (C // 2)) > tier, (H, text)  # the fewest CTAs of its tier
     assert plan(op, longest + 8 * vec, dtype).startswith("tiled "), (op, dtype)
@@ -241,7 +241,8 @@ def test_the_tables_boundaries(op, one_cta, longer, first_small, small, cluster,
         assert kind(one_cta) == "rowx1" and kind(longer) == "rowx1", (op, dtype)
         # The first rows on CTAs of at most 128 threads: 2 x 96 in the backward, 4 x 128 forward.
         first = fields(plan(op, first_small, dtype, out_misaligned=misaligned))
-        assert first["cluster"] > 1 and first["G"] <= 128, (op, dtype, first)
+        expected = (2, 96) if direction(op) == "backward" else (4, 128)
+        assert (first["cluster"], first["G"]) == expected, (op, dtype, first)
         C = SMALL_CLUSTER[direction(op)]
         assert fields(plan(op, small, dtype))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
         assert fields(plan(op, small + vec, dtype))["G"] > 128, (op, dtype)
@@ -384,6 +385,21 @@ def test_a_pack_fewer_only_where_it_takes_fewer_slots():
                     assert f["G"] * f["packs"] < lanes(-(-slot_packs(dtype, H) // full)) * full, (op, H, f)
                     assert f["cluster"] * f["G"] <= 256, (op, H, f)
                 assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
+
+
+def test_tuned_max_cluster_caps_the_first_tier():
+    # _tune_rows(max_cluster=k) with the table's CTA sizes: neither tier passes k CTAs. bf16
+    # forward 262144 (16 x 128 in the table) takes 8 x 256 under k = 8; odd 90115 (narrow, 1409
+    # threads) 4 x 384; the backward at 65536 (8 x 128) 4 x 256 under k = 4.
+    tune = torch.ops.polynorm._tune_rows
+    try:
+        for k, op, H, expected in [(8, "forward", 262144, (8, 256)), (8, "forward", 90115, (4, 384)),
+                                   (4, "backward", 65536, (4, 256)), (16, "forward", 262144, (16, 128))]:
+            tune(max_cluster=k)
+            f = fields(plan(op, H, torch.bfloat16))
+            assert (f["cluster"], f["G"]) == expected, (k, op, H, f)
+    finally:
+        tune()
 
 
 def test_tune_rows_splits_rows_never_changes_packs():

@@ -139,8 +139,10 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // 0..C-1 store into peer `lane` by st.async, each store completing its bytes on that peer's
 // mbarrier, and every thread waits on its own CTA's mbarrier only (no CTA waits for all of a
 // peer's threads, as the cluster barrier does). The wait acquires at CTA scope, as CUTLASS's
-// transaction barriers and QuACK's cluster reduction do: the mbarrier's transaction count covers
-// the peers' st.async bytes in this CTA's shared memory, all the exchange reads. At cluster scope
+// transaction barriers (multicast bulk copies issued by other CTAs) and QuACK's cluster reduction
+// do: the mbarrier's transaction count covers the peers' st.async bytes in this CTA's shared
+// memory, all the exchange reads. This rests on that established practice: the PTX memory model's
+// letter pairs st.async's cluster-scope release with an acquire whose scope includes the peer. At cluster scope
 // (`.acquire.cluster`) ptxas invalidated the whole L1 after every wait (CCTL.IVALL: 11% of the
 // 131072 backward's stall samples, bench/NOTES.md v16). Then every lane adds all
 // C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
@@ -166,9 +168,9 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
   }
   started.wait();  // every peer has started, its mbarriers initialised
-  // Every lane's reads of the slots of this parity two rows back come before this warp's stores
-  // of this row (which let the peers write those slots again): the shuffle tree orders them by
-  // data alone; this makes it an ordering of the warp.
+  // Every lane's reads of the previous row's slots (the other parity) come before this warp's
+  // stores of this row, which (once every warp's have landed) let the peers write that parity
+  // again: the shuffle tree orders them by data alone; this makes it an ordering of the warp.
   __syncwarp();
   if (lane < C) {
     const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
