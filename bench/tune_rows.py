@@ -15,11 +15,10 @@ over the output dtype's rounding floor); every variant's backward gives the tabl
 bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings. ``--no-trim``:
 half-idle odd rows without their pack fewer (columns ``*-nt``; csrc/launch_plan.h ``row_packs``).
 ``--cluster8``: clusters of at most 8 CTAs, the portable size (columns ``*-k8``: the rows the table
-puts on 16 then take the tiled kernels). ``--l2 D ...``: the aligned row builds prefetch the row D
-group-steps ahead into L2 (columns ``*-l2dD``; ``_tune_rows(l2_prefetch=D)``, a bench switch).
+puts on 16 then take the tiled kernels).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--l2 1 2]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8]
 """
 
 import argparse
@@ -66,10 +65,6 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="only the table's grid (and --cta columns)")
     parser.add_argument("--no-trim", action="store_true", help="also without row_packs' pack fewer")
     parser.add_argument("--cluster8", action="store_true", help="also with clusters of at most 8 CTAs")
-    parser.add_argument("--l2", type=int, nargs="*", default=[], metavar="D",
-                        help="also with the aligned row builds prefetching the row D group-steps ahead into L2 "
-                        "(_tune_rows' l2_prefetch, 1-3; columns *-l2dD, and fw1 / fw1-l2dD for the forward's "
-                        "one-CTA rows, persistent only under grid_waves=1)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -82,11 +77,6 @@ def main() -> None:
         bwd_variants[f"{'mb' if fused else 'b'}-c{cta}"] = {"cta_threads": cta}
     f, b = ("mf", "mb") if fused else ("f", "b")
     extra = ({"nt": {"trim_packs": False}} if args.no_trim else {}) | ({"k8": {"max_cluster": 8}} if args.cluster8 else {})
-    extra |= {f"l2d{d}": {"l2_prefetch": d} for d in args.l2}
-    if args.l2:  # the forward's one-CTA rows are persistent only under grid_waves=1: with and without the prefetch
-        fwd_variants[f"{f}w1"] = {"grid_waves": 1}
-        for d in args.l2:
-            fwd_variants[f"{f}w1-l2d{d}"] = {"grid_waves": 1, "l2_prefetch": d}
     for name, kw in extra.items():
         fwd_variants[f"{f}-{name}"] = kw
         bwd_variants[f"{b}-{name}"] = kw
@@ -145,7 +135,7 @@ def main() -> None:
                         for got, exp in zip(grads, ref):
                             rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))
                             err = max(err, rel / torch.finfo(exp.dtype).eps)
-                    elif not torch.equal(grads[0], ref[0]):  # the grid (or a prefetch) never changes a row's bits
+                    elif not torch.equal(grads[0], ref[0]):  # the grid never changes a row's bits
                         err = float("inf")
                     else:  # dW and dB: the grid's partials, another summation order
                         for got, exp in zip(grads[-2:], ref[-2:]):

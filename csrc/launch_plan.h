@@ -148,11 +148,7 @@ struct RowTuning {
                     // size, one tier (0 = the table's, two tiers: row_plan)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
-  int l2_prefetch;  // bench: 0, or d in 1-3: aligned row builds prefetch the row d group-steps ahead into L2
 };
-// The row kernels' C argument carries _tune_rows' l2_prefetch (a bench switch) from this bit up:
-// C_arg = C | d << kRowL2PrefetchShift.
-constexpr int kRowL2PrefetchShift = 16;
 RowTuning row_tuning();
 
 // Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and

@@ -190,7 +190,6 @@ std::atomic<bool> g_same_phase{true};
 std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
 std::atomic<bool> g_trim_packs{true};
-std::atomic<int> g_l2_prefetch{0};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
@@ -199,8 +198,7 @@ std::atomic<int> g_l2_prefetch{0};
 // 512 gives the table of before the fourteenth session; the wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
 // device that cannot place the row's cluster takes the tiled kernels), and whether half-idle odd rows take a pack fewer (row_packs).
 // Process-wide; _tune_rows() restores the defaults.
-void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs,
-               int64_t l2_prefetch) {
+void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -209,14 +207,11 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
-  TORCH_CHECK_VALUE(l2_prefetch >= 0 && l2_prefetch <= 3, "polynorm._tune_rows: expected 0 <= l2_prefetch <= 3, got ",
-                    num(l2_prefetch));
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
   g_trim_packs.store(trim_packs);
-  g_l2_prefetch.store(static_cast<int>(l2_prefetch));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
@@ -263,7 +258,7 @@ KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load
 RowTuning row_tuning() {
   return {g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
           g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed),
-          g_trim_packs.load(std::memory_order_relaxed), g_l2_prefetch.load(std::memory_order_relaxed)};
+          g_trim_packs.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -297,7 +292,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, "
-        "bool trim_packs=True, int l2_prefetch=0) -> ()",
+        "bool trim_packs=True) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -248,11 +248,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t M,
     int64_t H,
     int G,
-    int C_arg) {                                         // CTAs a row (a cluster of C, R = 1), or 1; | d << kRowL2PrefetchShift
+    int C) {                                             // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  const int C = C_arg & ((1 << kRowL2PrefetchShift) - 1);
-  const int l2_ahead = kLayout == kAligned ? (C_arg >> kRowL2PrefetchShift) & 3 : 0;  // bench
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
   // Dynamic: the same-phase build's stage areas (a warp's: one stage_words a tensor staged:
@@ -320,14 +318,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     }
     issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
-    if (l2_ahead != 0 && row + l2_ahead * step < M) {  // bench: the group's row l2_ahead steps on, into L2
-      const int64_t next = row + l2_ahead * step;
-      prefetch_segment_l2<scalar_t, kPacks>(x + next * x_row_stride, H, rl);
-      prefetch_segment_l2<scalar_t, kPacks>(grad_y + next * g_row_stride, H, rl);
-      if constexpr (kMul) {  // mul may be misaligned in an aligned build (element-wise loads)
-        if (mul.vec_ok) prefetch_segment_l2<scalar_t, kPacks>(mul.mul + next * mul.row_stride, H, rl);
-      }
-    }
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};

@@ -185,10 +185,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t H,
     double eps,
     int G,
-    int C_arg) {                                   // CTAs a row (a cluster of C, R = 1), or 1; | d << kRowL2PrefetchShift
+    int C) {                                       // CTAs a row (a cluster of C, R = 1), or 1
   using acc_t = at::opmath_type<scalar_t>;
-  const int C = C_arg & ((1 << kRowL2PrefetchShift) - 1);
-  const int l2_ahead = kLayout == kAligned ? (C_arg >> kRowL2PrefetchShift) & 3 : 0;  // bench
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // Dynamic: the same-phase build's stage areas (a warp's: stage_words), then, C > 1, the
@@ -244,13 +242,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
     issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-    if (l2_ahead != 0 && row + l2_ahead * step < M) {  // bench: the group's row l2_ahead steps on, into L2
-      const int64_t next = row + l2_ahead * step;
-      prefetch_segment_l2<scalar_t, kPacks>(x + next * x_row_stride, H, rl);
-      if constexpr (kMul) {  // mul may be misaligned in an aligned build (element-wise loads)
-        if (mul.vec_ok) prefetch_segment_l2<scalar_t, kPacks>(mul.mul + next * mul.row_stride, H, rl);
-      }
-    }
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction; element-wise when mul's rows are misaligned.
     // Same phase: mul's chunks as loaded, like x's.

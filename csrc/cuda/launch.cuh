@@ -397,8 +397,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G,
-                    row.cluster | row_tuning().l2_prefetch << kRowL2PrefetchShift);
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
   return true;
 }
 
@@ -475,8 +474,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G,
-                    row.cluster | row_tuning().l2_prefetch << kRowL2PrefetchShift);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
   return true;
 }
 

@@ -213,22 +213,6 @@ __device__ __forceinline__ RowBlock row_block(int G, int C) {
   return RowBlock{R, R > 1 ? static_cast<int>(threadIdx.x) >> glog : 0, __ffs(C) - 1};
 }
 
-// Bench (_tune_rows(l2_prefetch=True), aligned builds): lane 0 of each warp segment asks L2 for
-// its segment of a later row (one bulk prefetch a segment and tensor, no registers held), so
-// that the row's loads, issued after this row's reduction and stores, find it in L2.
-template <typename scalar_t, int kPacks>
-__device__ __forceinline__ void prefetch_segment_l2(const scalar_t* row, int64_t H, const RowLane& rl) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  constexpr int kVec = 16 / int(sizeof(scalar_t));
-  if (rl.j != 0) return;
-  const int packs = static_cast<int>((H + kVec - 1) / kVec);
-  const int end = rl.seg_end < packs ? rl.seg_end : packs;
-  if (end <= rl.base) return;
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(row + int64_t(rl.base) * kVec),
-               "r"(static_cast<uint32_t>(end - rl.base) * 16u) : "memory");
-#endif
-}
-
 // A row of C > 1 CTAs (a thread-block cluster, C consecutive blocks): CTA `rank` holds lanes
 // [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
 // load/store code are those of one CTA of C G threads.
