@@ -227,6 +227,77 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   }
 }
 
+// The row kernels' sums of a lane, in the class order: class k is element k of each of the lane's
+// packs (slots 0, 1, ...), summed in slot order from zero; the lane's sums are classes 0, 1, ...
+// added in turn. The aligned and realigned builds sum their packs so. A same-phase row's chunks
+// start p = shift / element size elements before its packs: element k of a lane's chunk is
+// element k - p of its pack (k >= p), or, k < p, element k - p + kVec of the previous pack, the
+// previous lane's (slot by slot; for a segment's first lane, the last lane's slot before, and
+// its ext after the last slot). So a lane sums element k of its chunks, slot by slot, for every
+// k (the same products, in the same slot order), writes the classes to its warp's area, and then
+// reads, in its packs' class order, classes p .. kVec - 1 back from its own and classes 0 .. p - 1
+// from the next lane's: the aligned row's bits, with no realignment of any pack (the stage that
+// the forward keeps, packs.cuh). A segment's first lane leaves out slot 0's elements k < p
+// (before the row, or the previous segment's, which that segment has in its ext) and adds its
+// segment's ext (its last lane's, by a shuffle) after its last slot: elements k < p only.
+// Zeros in place of a term add nothing to a sum that starts at +0, so the bits are the aligned
+// build's.
+template <typename acc_t>
+struct alignas(4 * sizeof(acc_t)) ClassSums {
+  acc_t v[4];
+};
+
+// A warp's class area: [kVec classes][32 lanes] of four sums.
+template <typename scalar_t>
+__host__ __device__ constexpr int bwd_class_area_bytes() {
+  return PackOf<scalar_t>::kVec * 32 * static_cast<int>(sizeof(ClassSums<at::opmath_type<scalar_t>>));
+}
+
+template <typename scalar_t, int kPacks, bool kMul, typename AddTo>
+__device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], ClassSums<at::opmath_type<scalar_t>>* area,
+                                           const Pack (&xb)[kPacks], const Pack (&gb)[kPacks],
+                                           const Pack (&mb)[kMul ? kPacks : 1], const Pack& x_ext, const Pack& g_ext,
+                                           const Pack& m_ext, int shift, const RowLane& rl, const AddTo& add_to) {
+  using acc_t = at::opmath_type<scalar_t>;
+  using P = PackOf<scalar_t>;
+  constexpr int kVec = P::kVec;
+  const int p = shift / static_cast<int>(sizeof(scalar_t));
+  const bool first = rl.j == 0;
+  // The segment's ext, from its last lane (every lane takes part).
+  const Pack xe = shfl_pack(x_ext, rl.W - 1, rl.W);
+  const Pack ge = shfl_pack(g_ext, rl.W - 1, rl.W);
+  Pack me = xe;
+  if constexpr (kMul) me = shfl_pack(m_ext, rl.W - 1, rl.W);
+  const auto grad = [&](const Pack& gp, const Pack& mp, int k) {
+    if constexpr (kMul) return P::value(gp, k) * P::value(mp, k);
+    return P::value(gp, k);
+  };
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  __syncwarp();  // every lane has read the warp's previous row from the area
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) {
+    const bool before = first && k < p;  // slot 0's element k is not this lane's; ext's is
+    acc_t c[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+#pragma unroll
+    for (int i = 0; i < kPacks; ++i) {
+      acc_t v = P::value(xb[i], k), g = grad(gb[i], mb[kMul ? i : 0], k);
+      if (i == 0 && before) v = g = acc_t(0);
+      add_to(c, v, g);
+    }
+    add_to(c, before ? P::value(xe, k) : acc_t(0), before ? grad(ge, me, k) : acc_t(0));
+    area[k * 32 + lane] = ClassSums<acc_t>{{c[0], c[1], c[2], c[3]}};
+  }
+  __syncwarp();  // every lane has written its classes
+  const int next = lane - rl.j + ((rl.j + 1) & (rl.W - 1));
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) {
+    const int k = e + p;
+    const ClassSums<acc_t> t = area[k < kVec ? k * 32 + lane : (k - kVec) * 32 + next];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) s[q] += t.v[q];
+  }
+}
+
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
 template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
@@ -253,8 +324,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
-  // Dynamic: the same-phase build's stage areas (a warp's: one stage_words a tensor staged:
-  // x, grad_y and, kMul, mul), then, C > 1, the cluster slots ([2][C G / 32][4]).
+  // Dynamic: the same-phase build's class areas (a warp's: bwd_class_area_bytes, class_sums),
+  // then, C > 1, the cluster slots ([2][C G / 32][4]).
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
@@ -282,12 +353,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const int E = static_cast<int>(grouping.offsets.E);  // < 2^31: the launchers check it
 
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
-  constexpr int kStaged = kMul ? 3 : 2;
-  uint32_t* x_stage = reinterpret_cast<uint32_t*>(dyn_smem) + (threadIdx.x >> 5) * kStaged * stage_words(kPacks);
-  uint32_t* g_stage = x_stage + stage_words(kPacks);
-  uint32_t* m_stage = g_stage + stage_words(kPacks);
-  unsigned char* cluster_slots =
-      dyn_smem + (same_phase ? (blockDim.x >> 5) * kStaged * stage_words(kPacks) * 4 : 0);
+  ClassSums<acc_t>* class_area =
+      reinterpret_cast<ClassSums<acc_t>*>(dyn_smem + (threadIdx.x >> 5) * bwd_class_area_bytes<scalar_t>());
+  unsigned char* cluster_slots = dyn_smem + (same_phase ? (blockDim.x >> 5) * bwd_class_area_bytes<scalar_t>() : 0);
   const int64_t step = clusters * R;
   Pack x_ext, g_ext;
   int parity = 0;
@@ -352,34 +420,35 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       mask_row_end(xb, x_ext, end, rl, true);
       mask_row_end(gb, g_ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
-      stage_row(x_stage, xb, x_ext, rl);  // the chunks, for the sums' realigned packs
-      stage_row(g_stage, gb, g_ext, rl);
-      if constexpr (kMul) stage_row(m_stage, mb, m_ext, rl);
     } else {
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
       finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
     }
 
-    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
-    const auto add = [&](acc_t v, acc_t g) {
+    // The sums, in the class order (class_sums): the aligned and realigned builds sum element
+    // k of the lane's packs, slot by slot, for each k in turn, then add the classes in order;
+    // the same-phase build sums its chunks as loaded and takes the classes that belong to its
+    // packs from its own and its next lane's sums. Past the row, the packs hold zeros.
+    acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+    const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) {
       const acc_t gx = g * v;
-      s[0] += gx;
-      s[1] += gx * v;
-      s[2] += gx * v * v;
-      s[3] += g;
+      t[0] += gx;
+      t[1] += gx * v;
+      t[2] += gx * v * v;
+      t[3] += g;
     };
-    const StageWindow sw = same_phase ? stage_window(shift, rl) : StageWindow{};
+    const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
+    if constexpr (same_phase) {
+      class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, shift, rl, add_to);
+    } else {
 #pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const Pack xi = same_phase ? staged_pack<scalar_t>(x_stage, sw, i) : xb[i];
-      const Pack gi = same_phase ? staged_pack<scalar_t>(g_stage, sw, i) : gb[i];
-      Pack mi = mb[kMul ? i : 0];
-      if constexpr (kMul) {
-        if (same_phase) mi = staged_pack<scalar_t>(m_stage, sw, i);
+      for (int k = 0; k < P::kVec; ++k) {
+        acc_t c[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
+#pragma unroll
+        for (int i = 0; i < kPacks; ++i) add_to(c, P::value(xb[i], k), grad_of(gb[i], mb[kMul ? i : 0], k));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) s[q] += c[q];
       }
-#pragma unroll
-      for (int k = 0; k < P::kVec; ++k) add(P::value(xi, k), grad_of(gi, mi, k));
     }
     // The row's last element, past its slots: zero but on the row's last lane.
     const acc_t x_e = Elem<scalar_t>::to_acc(x_last);

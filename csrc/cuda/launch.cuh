@@ -144,7 +144,8 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
 }
 
 // Whether rows of a and b (row strides in elements) start at the same offset into their
-// 16-byte chunks, row for row: the row kernels' same-phase path (packs.cuh, stage_row).
+// 16-byte chunks, row for row: the row kernels' same-phase path (the forward's stage, packs.cuh
+// stage_row; the backward's class sums, backward.cuh class_sums).
 template <typename scalar_t>
 bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
   const int64_t size = sizeof(scalar_t);
@@ -157,8 +158,9 @@ size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
   return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
 }
 
-// A row launch's dynamic shared memory: the same-phase build's stage areas (packs.cuh,
-// stage_row: one a warp and staged tensor), then the cluster slots.
+// A forward row launch's dynamic shared memory: the same-phase build's stage areas (packs.cuh,
+// stage_row: one a warp and staged tensor), then the cluster slots. (The backward's: its
+// launcher, the class areas of backward.cuh's class_sums.)
 size_t row_smem_bytes(const RowPlan& plan, int layout, int staged, int packs, int sums, size_t acc_size) {
   const size_t stage = layout == kSamePhase ? size_t(plan.threads / 32) * staged * stage_words(packs) * 4 : 0;
   return stage + cluster_slot_bytes(plan, sums, acc_size);
@@ -191,7 +193,8 @@ bool smem_fits(Kernel kernel, size_t smem) {
 
 // Lets a kernel take `smem` bytes of dynamic shared memory, once a device, kernel and size:
 // past 48 KB with its static shared memory a launch fails without it (the fused backward's
-// same-phase build at H = 5125: 46 KB of stage areas beside its static shared memory).
+// same-phase build at H = 5125 took 46 KB of stage areas beside its static shared memory, before
+// its class sums; the narrow forward's stage still passes 48 KB from 448 threads).
 template <typename Kernel>
 void allow_smem(Kernel kernel, size_t smem) {
   if (smem == 0) return;
@@ -281,7 +284,7 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
 
 // Whether the device places a cluster of the plan's row for every build a row of the op may take
 // (`build(layout)`, with `smem_of(layout)` bytes: aligned, realigned, and same-phase where its
-// stage fits a block, smem_fits; else such rows take the realigned build): portable clusters (up
+// stage or class areas fit a block, smem_fits; else such rows take the realigned build): portable clusters (up
 // to kRowPortableCluster CTAs) always; larger ones where cudaOccupancyMaxActiveClusters finds
 // room for each (an H200 does for 16). Otherwise the launcher takes the tiled kernels, for every
 // layout of the row alike, so that a misaligned view keeps the aligned rows' kernel family, and
@@ -442,8 +445,9 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     }
     return k;
   };
-  const auto smem_of = [&](int l) {
-    return row_smem_bytes(row, l, kMul ? 3 : 2, kPacks, 4, sizeof(at::opmath_type<scalar_t>));
+  const auto smem_of = [&](int l) {  // the same-phase build's class areas (backward.cuh, class_sums), the cluster slots
+    return (l == kSamePhase ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
+           cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   };
   if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;  // as forward
   const auto kernel = build(layout);
@@ -453,7 +457,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // layout of a row (the aligned build, queried for its occupancy only, never launched here),
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
   // every wide build takes 126-128 registers, so on an H200 the grids would match anyway; the
-  // same-phase build's stage may fit fewer blocks an SM elsewhere, e.g. fp64 on an A100: a
+  // same-phase build's class areas may fit fewer blocks an SM elsewhere, e.g. fp64 on an A100: a
   // partial second wave, the same bits.)
   // A grouped launch sums no partials (its rows write their terms), but is sized by its own
   // aligned build all the same. The launched build must fit a cluster too (checked by name).
@@ -463,7 +467,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
   if (!clusters_fit(row, build, smem_of)) return false;
-  // The launched build's smem adds the same-phase stage areas (the sizing build has none).
+  // The launched build's smem adds the same-phase class areas (the sizing build has none).
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
