@@ -411,10 +411,11 @@ enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
 
 // Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
 // as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as
-// loaded, and only the sums see realigned packs, so that their order, and so the bits, are
-// those of the aligned row. The stores then write whole aligned chunks, narrowly only at the
+// loaded, and only the forward's sums see realigned packs (the backward's take the aligned
+// row's order class by class: backward.cuh, class_sums), so that the sums' order, and so the
+// bits, are those of the aligned row. The stores then write whole aligned chunks, narrowly only at the
 // row's two ends (store_own_chunk).
-// The sums' realigned packs come through shared memory (bench/NOTES.md v13; before, a
+// The forward's sums read realigned packs through shared memory (bench/NOTES.md v13; before, a
 // shuffle and selects a pack, ~27 instructions a pack and tensor, a third of them the selects
 // of a run-time word offset, as realign_any). Each warp stages its row's chunks in its own
 // area, [kPacks + 1 slots][4 words][32 lanes] (a warp access of one word is conflict-free):
@@ -423,7 +424,8 @@ enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
 // five words read at offsets fixed for the row (StageWindow: its chunk's, then the next
 // chunk's: the next lane's, or for a segment's last lane, its first lane's in the next slot)
 // and four funnel shifts for a shift that is not a multiple of 4: ~13 instructions a pack and
-// tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's.
+// tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's. (The
+// backward realigns nothing: its sums go in the class order, backward.cuh class_sums, NOTES v17.)
 constexpr int stage_words(int packs) { return (packs + 1) * 4 * 32; }
 
 // Stages the warp's chunks (after mask_row_end). The two __syncwarp: every lane has read the
