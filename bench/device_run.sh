@@ -72,6 +72,9 @@ for stage in "${stages[@]}"; do
         ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1; echo "sass rc=$?"
       done
       done
+      # The binary reports are dropped (several MB each; the device tool carries at most 64 MiB of
+      # tree): the text details, raw metrics and SASS tables above hold what the notes cite.
+      rm -f "$OUT"/ncu_rows_*.ncu-rep
       tar czf "$OUT/ncu_rows.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_rows_*) && rm -f "$OUT"/ncu_rows_* ;;
     train)
       mkdir -p "$OUT/train"
