@@ -80,8 +80,8 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 #endif
 
 // The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 0-88 bytes
-// by dtype and op, fp64 the most, since the row's end is masked once, bench/NOTES.md v9, and the
-// same-phase stage, v13) unless set otherwise for
+// by dtype and op, fp64 the most, since the row's end is masked once, bench/NOTES.md v9, the
+// same-phase stage, v13, and the backward's class sums, v17) unless set otherwise for
 // measurements. Measured in v8 (call 6), when they spilled 100-470 bytes: at 1 (up to 255
 // registers, no spills) views ran slower. The backward's persistent
 // grid is sized by the aligned build whatever the layout (launch_backward_row), so the bits of dW

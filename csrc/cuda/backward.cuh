@@ -240,8 +240,14 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 // the forward keeps, packs.cuh). A segment's first lane leaves out slot 0's elements k < p
 // (before the row, or the previous segment's, which that segment has in its ext) and adds its
 // segment's ext (its last lane's, by a shuffle) after its last slot: elements k < p only.
-// Zeros in place of a term add nothing to a sum that starts at +0, so the bits are the aligned
-// build's.
+// Zeros in place of a term leave a class sum as it was, but for its sign of zero (a class sum
+// can be -0: t[2]'s fused multiply-add of a tiny negative product onto +0; a +0 term after it
+// makes it +0). The lane's sums start at +0 and add the classes with plain adds, so they are
+// never -0 and take the same bits either way: the aligned build's. (The fused op's zeroed terms
+// select g = grad_out * mul after the product, the ext's too; nvcc 13 forms that product alike
+// in every build, as a plain multiply. A compiler that fused `t[3] += grad_out * mul` in the
+// aligned loop would break the ext term's dB bits: selecting the raw values before the product
+// would be robust to that; not done yet, as it changes the compiled code.)
 template <typename acc_t>
 struct alignas(4 * sizeof(acc_t)) ClassSums {
   acc_t v[4];

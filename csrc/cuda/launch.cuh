@@ -456,9 +456,9 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // The grid, and so the order in which dW and dB are summed, is sized by one build for every
   // layout of a row (the aligned build, queried for its occupancy only, never launched here),
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
-  // every wide build takes 126-128 registers, so on an H200 the grids would match anyway; the
-  // same-phase build's class areas may fit fewer blocks an SM elsewhere, e.g. fp64 on an A100: a
-  // partial second wave, the same bits.)
+  // every wide build takes 126-128 registers, so on an H200 the grids would match anyway; were
+  // the same-phase build's class areas (2-4 KB a warp) ever to fit fewer blocks an SM than the
+  // aligned build: a partial second wave, the same bits.)
   // A grouped launch sums no partials (its rows write their terms), but is sized by its own
   // aligned build all the same. The launched build must fit a cluster too (checked by name).
   static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");

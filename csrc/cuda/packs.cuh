@@ -178,8 +178,9 @@ __device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, 
 //   chunks. Realigned build: a lane's pack is realigned from its chunk and the next one
 //   (a shuffle; past its segment, one more load), and stores go the other way, narrowly
 //   only at the row's ends and where segments meet. Same-phase build (every tensor's rows
-//   start alike): the elementwise part works on the chunks as loaded and only the sums
-//   see realigned packs. Either way the sums, and so the bits, are the aligned row's.
+//   start alike): the elementwise part works on the chunks as loaded, and only the forward's
+//   sums see realigned packs (the backward's take the aligned row's order class by class,
+//   backward.cuh class_sums). Either way the sums, and so the bits, are the aligned row's.
 // ----------------------------------------------------------------------------------
 
 // Where the group's lanes stand: G threads a row, in warp segments of W = min(G, 32)
@@ -232,7 +233,8 @@ __device__ __forceinline__ RowLane row_lane(int G, int C) {
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
 // their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
-// skip cost more in spills than it saved, bench/NOTES.md v5).
+// skip cost more in spills than it saved, bench/NOTES.md v5), but for the backward's sums,
+// which add their zeros (the skip in its class loop spilled 156 bytes, NOTES v17).
 __device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
   return rl.base - rl.j + i * rl.W >= packs;
 }
