@@ -15,7 +15,8 @@ over the output dtype's rounding floor); every variant's backward gives the tabl
 bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings. ``--no-trim``:
 half-idle odd rows without their pack fewer (columns ``*-nt``; csrc/launch_plan.h ``row_packs``).
 ``--cluster8``: clusters of at most 8 CTAs, the portable size (columns ``*-k8``: the rows the table
-puts on 16 then take the tiled kernels).
+puts on 16 then take the tiled kernels). ``--stagger N ...``: persistent grids started in four
+quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8]
@@ -65,6 +66,9 @@ def main() -> None:
     parser.add_argument("--table-only", action="store_true", help="only the table's grid (and --cta columns)")
     parser.add_argument("--no-trim", action="store_true", help="also without row_packs' pack fewer")
     parser.add_argument("--cluster8", action="store_true", help="also with clusters of at most 8 CTAs")
+    parser.add_argument("--stagger", type=int, nargs="*", default=[],
+                        help="also with persistent grids started in four quarters this many clock cycles apart "
+                        "(_tune_rows' stagger; 0: never staggered): columns *-s<N>, the same bits as the table's")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -80,6 +84,9 @@ def main() -> None:
     for name, kw in extra.items():
         fwd_variants[f"{f}-{name}"] = kw
         bwd_variants[f"{b}-{name}"] = kw
+    for n in args.stagger:
+        fwd_variants[f"{f}-s{n}"] = {"stagger": n}
+        bwd_variants[f"{b}-s{n}"] = {"stagger": n}
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
@@ -135,6 +142,9 @@ def main() -> None:
                         for got, exp in zip(grads, ref):
                             rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))
                             err = max(err, rel / torch.finfo(exp.dtype).eps)
+                    elif set(kw) == {"stagger"}:  # a start's delay never changes a bit
+                        if not all(torch.equal(got, exp) for got, exp in zip(grads, ref)):
+                            err = float("inf")
                     elif not torch.equal(grads[0], ref[0]):  # the grid never changes a row's bits
                         err = float("inf")
                     else:  # dW and dB: the grid's partials, another summation order

@@ -148,8 +148,24 @@ struct RowTuning {
                     // size, one tier (0 = the table's, two tiers: row_plan)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
+  int stagger;       // clock cycles between the quarters of a persistent grid's start (-1: the table's; launch.cuh)
 };
 RowTuning row_tuning();
+
+// A persistent row grid (the backward's, and the forward's rows of clusters) starts in four
+// quarters kRowStaggerCycles clock cycles apart (stagger_start, csrc/cuda/reduce.cuh) when its
+// clusters take at least kRowStaggerRounds rounds of rows: started together, the blocks an SM holds
+// and the clusters of the grid load and compute in step, and the memory pipe idles while they
+// compute. The delay never changes a bit, only when a block starts. Measured on an H200
+// (bench/NOTES.md v18, h200-2026-12-02e/call2, bf16 at M·H = 2^26, 15-16 rounds, against no stagger
+// in the same run): the forward at 65536 / 131072 / 262144 1.151 / 1.200 / 1.311 -> 1.120 / 1.153 /
+// 1.269 of a copy, the fused forward at 32768 / 65536 / 131072 1.153 / 1.148 / 1.249 -> 1.083 / 1.078
+// / 1.149; the backward at 16384-131072 1-2.7% faster, the fused backward at 16384-65536 4.6-4.9%;
+// one-CTA backward rows within 1%. 3000 and 4500 cycles gained less; at 2^24 (4 rounds) the late
+// quarters cost about what the stagger saves.
+constexpr int kRowStaggerCycles = 1500;
+constexpr int64_t kRowStaggerRounds = 8;
+inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }
 
 // Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and
 // kFwdPacks (kBwdPacks) packs per thread and tensor in registers per tile. With

@@ -7,8 +7,10 @@ from _matrix import (
     assert_graph_replay_matches_eager,
     autograd_reference,
     check_against_oracle,
+    check_against_oracle_mul,
     make_params,
     make_rows,
+    poisoned_outputs,
     rel_l2,
     requires_cuda,
     requires_interpreter,
@@ -232,3 +234,50 @@ def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
         moved = run(x_view)
         for out, value in reference.items():
             assert torch.equal(value, moved[out]), f"{name}: {out}"
+
+
+@requires_cuda
+@pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
+                                       (5125, 600, torch.float32), (5125, 600, torch.bfloat16)])
+@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
+def test_staggered_start_changes_no_bit(op, H, M, dtype):
+    # A persistent row grid starts in staggered quarters (csrc/launch_plan.h, row_stagger_cycles:
+    # the table staggers grids of 8 rounds of rows or more, as at 1024 x 40000 and 65536 x 1024).
+    # The delay only moves when blocks start: every output of the ops (poisoned first) equals the
+    # unstaggered launch's bit for bit, whatever the stagger (the table's, 3000 cycles, 100000: far
+    # longer than a row). At the small shape, the longest stagger's results meet the float64
+    # oracle through autograd. (The large shapes hold ~1 GB a test: the suite's workers share the GPU.)
+    gen = torch.Generator().manual_seed(seed_for("stagger", op, dtype, H))
+    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    ops = torch.ops.polynorm
+
+    def run():
+        with poisoned_outputs():
+            if op == "poly_norm":
+                y, rstd = ops.forward(x, w, b, 1e-6)
+                return (y, rstd, *ops.backward(g, x, w, rstd))
+            out, rstd = ops.mul_forward(x, mul, w, b, 1e-6)
+            return (out, rstd, *ops.mul_backward(g, x, mul, w, b, rstd))
+
+    unstaggered = None
+    try:
+        ops._tune_rows(stagger=0)
+        unstaggered = run()
+        for stagger in (-1, 3000, 100000):
+            ops._tune_rows(stagger=stagger)
+            for k, (want, got) in enumerate(zip(unstaggered, run())):
+                assert torch.equal(want, got), f"stagger {stagger}: output {k}"
+        if M * H <= 2**22:  # stagger still 100000
+            if op == "poly_norm":
+                out = run_backend("cuda", x, g, w, b, 1e-6)
+                check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} stagger 100000")
+            else:
+                out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+                check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} stagger 100000")
+    finally:
+        ops._tune_rows()
+        del x, g, mul, unstaggered
+        torch.cuda.empty_cache()

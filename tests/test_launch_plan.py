@@ -434,6 +434,8 @@ TUNE_ROWS_ERRORS = [
     ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
     ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
     ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
+    ((-1, True, 0, 0, True, -2), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got -2"),
+    ((-1, True, 0, 0, True, 100001), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got 100001"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

@@ -335,6 +335,19 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
                         " packs each, for a row of ", num(H), " elements");
 }
 
+// The staggered start of a persistent row grid of `grid` blocks for M rows (stagger_start,
+// reduce.cuh): clock cycles between its quarters (launch_plan.h, row_stagger_cycles: by the
+// rounds of rows its clusters take); 0 for a grid of a block per R rows (waves 0), whose blocks
+// start as others retire. _tune_rows(stagger=) sets it for every persistent grid.
+inline int row_stagger(const RowPlan& plan, int64_t M, int64_t grid, int waves) {
+  if (waves == 0) return 0;
+  const int tuned = row_tuning().stagger;
+  if (tuned >= 0) return tuned;
+  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  const int64_t clusters = std::max<int64_t>(1, grid / plan.cluster);
+  return row_stagger_cycles((row_blocks + clusters - 1) / clusters);
+}
+
 // Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
 template <typename... Params, typename... Args>
 void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t grid, size_t smem,
@@ -400,7 +413,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster);
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster, row_stagger(row, M, grid, waves));
   return true;
 }
 
@@ -478,7 +491,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster);
+                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
+                    row_stagger(row, M, blocks, waves >= 0 ? waves : 1));
   return true;
 }
 

@@ -87,6 +87,22 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // it once, before its first store into a peer: the row's loads are in flight meanwhile. A
 // cluster with no row waits at the kernel's end. `phases`: bit p, the phase of bars[p] awaited
 // next. Rows of one CTA (C = 1) do none of this.
+// A persistent grid's staggered start (launch.cuh, row_stagger): quarter q of the grid's clusters
+// (a block of one CTA is a cluster of one) waits q * stagger clock cycles before its first row, so
+// that the blocks an SM holds, and the clusters of the grid, do not load and compute in step.
+__device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t clusters, int stagger) {
+  if (stagger <= 0) return;
+  const int64_t at = cluster_id * 4;  // quarter q: at in [q clusters, (q + 1) clusters)
+  const int q = (at >= clusters) + (at >= 2 * clusters) + (at >= 3 * clusters);
+  const long long wait = static_cast<long long>(q) * stagger;
+  const long long t0 = clock64();
+  while (clock64() - t0 < wait) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    __nanosleep(256);
+#endif
+  }
+}
+
 struct ClusterStart {
   bool pending;  // arrived, not yet waited
   unsigned phases;
