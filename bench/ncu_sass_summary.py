@@ -29,8 +29,8 @@ def summarize(name: str, header: list[str], rows: list[list[str]], top: int) -> 
     by_op: dict[str, list] = collections.defaultdict(lambda: [0.0, 0.0, collections.Counter()])
     total_instr = total_samples = 0.0
     for r in rows:
-        op = r[col["Source"]].split()
-        op = [w for w in op if not w.startswith("@")][0].split(".")[0] if op else "?"
+        words = [w for w in r[col["Source"]].split() if not w.startswith("@")]
+        op = words[0].split(".")[0] if words else "?"
         instr = number(r[col["Instructions Executed"]])
         samples = number(r[col["Warp Stall Sampling (All Samples)"]])
         total_instr += instr

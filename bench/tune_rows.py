@@ -19,7 +19,7 @@ puts on 16 then take the tiled kernels). ``--stagger N ...``: persistent grids s
 quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--no-trim] [--cluster8]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...]
 """
 
 import argparse

@@ -139,8 +139,8 @@ constexpr int kRowPortableCluster = 8;
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; the largest cluster; and row_packs' trim.
-// Defined in polynorm.cpp.
+// rows; the CTA size past which a row is split; the largest cluster; row_packs' trim; and the
+// persistent grids' staggered start (row_stagger_cycles). Defined in polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
@@ -161,8 +161,9 @@ RowTuning row_tuning();
 // in the same run): the forward at 65536 / 131072 / 262144 1.151 / 1.200 / 1.311 -> 1.120 / 1.153 /
 // 1.269 of a copy, the fused forward at 32768 / 65536 / 131072 1.153 / 1.148 / 1.249 -> 1.083 / 1.078
 // / 1.149; the backward at 16384-131072 1-2.7% faster, the fused backward at 16384-65536 4.6-4.9%;
-// one-CTA backward rows within 1%. 3000 and 4500 cycles gained less; at 2^24 (4 rounds) the late
-// quarters cost about what the stagger saves.
+// one-CTA backward rows within 1%. 3000 and 4500 cycles gained less. At 2^24 (about 4 rounds) it
+// was mixed (the backward at 65536 and the forward at 131072 5-6% faster, the backward at 4096 and
+// the forward at 16384 1-3% slower): hence the rounds. The grouped builds are never staggered.
 constexpr int kRowStaggerCycles = 1500;
 constexpr int64_t kRowStaggerRounds = 8;
 inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }

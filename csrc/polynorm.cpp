@@ -210,12 +210,13 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   TORCH_CHECK_VALUE(max_cluster == 0 || max_cluster == 1 || max_cluster == 2 || max_cluster == 4 ||
                         max_cluster == 8 || max_cluster == 16,
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
+  TORCH_CHECK_VALUE(stagger >= -1 && stagger <= 100000, "polynorm._tune_rows: expected -1 <= stagger <= 100000, got ",
+                    num(stagger));
+  // Every check before any store: a rejected call changes nothing.
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
   g_cta_threads.store(static_cast<int>(cta_threads));
   g_max_cluster.store(static_cast<int>(max_cluster));
-  TORCH_CHECK_VALUE(stagger >= -1 && stagger <= 100000, "polynorm._tune_rows: expected -1 <= stagger <= 100000, got ",
-                    num(stagger));
   g_trim_packs.store(trim_packs);
   g_stagger.store(static_cast<int>(stagger));
 }

@@ -242,7 +242,9 @@ def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_staggered_start_changes_no_bit(op, H, M, dtype):
     # A persistent row grid starts in staggered quarters (csrc/launch_plan.h, row_stagger_cycles:
-    # the table staggers grids of 8 rounds of rows or more, as at 1024 x 40000 and 65536 x 1024).
+    # the table staggers grids of 8 rounds of rows or more: on an H200 the backward's at 1024 x
+    # 40000 and both directions' at 65536 x 1024, whose forward runs on clusters; the forced
+    # staggers below apply to every persistent grid).
     # The delay only moves when blocks start: every output of the ops (poisoned first) equals the
     # unstaggered launch's bit for bit, whatever the stagger (the table's, 3000 cycles, 100000: far
     # longer than a row). At the small shape, the longest stagger's results meet the float64

@@ -424,6 +424,8 @@ def test_tune_rows_splits_rows_never_changes_packs():
         with pytest.raises(ValueError) as raised:
             tune(*args)
         assert str(raised.value) == message
+    # A rejected call changes nothing: every check comes before any setting is stored.
+    assert {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS} == default
 
 
 # _tune_rows' bad calls and their whole messages: every number in a message, the bounds too,
@@ -434,7 +436,7 @@ TUNE_ROWS_ERRORS = [
     ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
     ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
     ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
-    ((-1, True, 0, 0, True, -2), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got -2"),
+    ((-1, True, 32, 2, True, -2), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got -2"),
     ((-1, True, 0, 0, True, 100001), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got 100001"),
 ]
 

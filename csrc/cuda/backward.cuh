@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t M,
     int64_t H,
     int G,
-    int C,                                              // CTAs a row (a cluster of C, R = 1), or 1
-    int stagger) {                                      // persistent grids: cycles between start quarters
+    int C,                                               // CTAs a row (a cluster of C, R = 1), or 1
+    int stagger) {                                       // persistent grids: cycles between start quarters (grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];

@@ -338,7 +338,8 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
 // The staggered start of a persistent row grid of `grid` blocks for M rows (stagger_start,
 // reduce.cuh): clock cycles between its quarters (launch_plan.h, row_stagger_cycles: by the
 // rounds of rows its clusters take); 0 for a grid of a block per R rows (waves 0), whose blocks
-// start as others retire. _tune_rows(stagger=) sets it for every persistent grid.
+// start as others retire. _tune_rows(stagger=) sets it for every persistent grid (the grouped
+// builds take the argument and ignore it).
 inline int row_stagger(const RowPlan& plan, int64_t M, int64_t grid, int waves) {
   if (waves == 0) return 0;
   const int tuned = row_tuning().stagger;
@@ -484,15 +485,15 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
-  const int waves = row_tuning().grid_waves;
-  const int64_t blocks = row_grid(sizing, row, M, smem, waves >= 0 ? waves : 1);
+  const int waves = row_tuning().grid_waves >= 0 ? row_tuning().grid_waves : 1;  // persistent by default
+  const int64_t blocks = row_grid(sizing, row, M, smem, waves);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
-                    row_stagger(row, M, blocks, waves >= 0 ? waves : 1));
+                    row_stagger(row, M, blocks, waves));
   return true;
 }
 

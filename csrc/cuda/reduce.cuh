@@ -78,16 +78,7 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// Rows of thread-block clusters exchange their sums through two mbarriers a CTA, one for each
-// row parity (`bars`: static shared memory, at the same offset in every CTA), one arrival each.
-// A CTA may write a peer's shared memory, and arrive on its mbarriers, only once the peer has
-// started and initialised them (CUDA programming guide, distributed shared memory). So thread 0
-// initialises both (then fence.mbarrier_init, so that a peer past the start barrier sees them),
-// every CTA of the cluster arrives at the cluster barrier (relaxed) when it starts, and waits on
-// it once, before its first store into a peer: the row's loads are in flight meanwhile. A
-// cluster with no row waits at the kernel's end. `phases`: bit p, the phase of bars[p] awaited
-// next. Rows of one CTA (C = 1) do none of this.
-// A persistent grid's staggered start (launch.cuh, row_stagger): quarter q of the grid's clusters
+// A persistent grid's staggered start (launch.cuh, row_stagger; not the grouped builds): quarter q of the grid's clusters
 // (a block of one CTA is a cluster of one) waits q * stagger clock cycles before its first row, so
 // that the blocks an SM holds, and the clusters of the grid, do not load and compute in step.
 __device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t clusters, int stagger) {
@@ -103,6 +94,16 @@ __device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t cluste
   }
 }
 
+
+// Rows of thread-block clusters exchange their sums through two mbarriers a CTA, one for each
+// row parity (`bars`: static shared memory, at the same offset in every CTA), one arrival each.
+// A CTA may write a peer's shared memory, and arrive on its mbarriers, only once the peer has
+// started and initialised them (CUDA programming guide, distributed shared memory). So thread 0
+// initialises both (then fence.mbarrier_init, so that a peer past the start barrier sees them),
+// every CTA of the cluster arrives at the cluster barrier (relaxed) when it starts, and waits on
+// it once, before its first store into a peer: the row's loads are in flight meanwhile. A
+// cluster with no row waits at the kernel's end. `phases`: bit p, the phase of bars[p] awaited
+// next. Rows of one CTA (C = 1) do none of this.
 struct ClusterStart {
   bool pending;  // arrived, not yet waited
   unsigned phases;
