@@ -19,7 +19,7 @@ puts on 16 then take the tiled kernels). ``--stagger N ...``: persistent grids s
 quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--persistent]
 """
 
 import argparse
@@ -68,7 +68,12 @@ def main() -> None:
     parser.add_argument("--cluster8", action="store_true", help="also with clusters of at most 8 CTAs")
     parser.add_argument("--stagger", type=int, nargs="*", default=[],
                         help="also with persistent grids started in four quarters this many clock cycles apart "
-                        "(_tune_rows' stagger; 0: never staggered): columns *-s<N>, the same bits as the table's")
+                        "(_tune_rows' stagger; 0: never staggered): columns *-s<N>, the same bits as the table's; "
+                        "with --persistent, also the forward on a persistent grid everywhere (columns *fw1-s<N>)")
+    parser.add_argument("--persistent", action="store_true",
+                        help="the forward also on a persistent grid (grid_waves 1: column fw1 / mfw1), and with "
+                        "--stagger N staggered (fw1-s<N>): the table's forward runs one-CTA rows a block per R rows; "
+                        "the backward is persistent in the table")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -87,6 +92,10 @@ def main() -> None:
     for n in args.stagger:
         fwd_variants[f"{f}-s{n}"] = {"stagger": n}
         bwd_variants[f"{b}-s{n}"] = {"stagger": n}
+    if args.persistent:
+        fwd_variants[f"{f}w1"] = {"grid_waves": 1}
+        for n in args.stagger:
+            fwd_variants[f"{f}w1-s{n}"] = {"grid_waves": 1, "stagger": n}
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
