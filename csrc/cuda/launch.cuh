@@ -312,12 +312,18 @@ int64_t fitting_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   return resident;
 }
 
+// A row plan's row groups for M rows: its blocks of R = threads / G rows (one a cluster).
+inline int64_t row_groups(const RowPlan& plan, int64_t M) {
+  const int64_t R = plan.threads / plan.G;
+  return (M + R - 1) / R;
+}
+
 // `waves`: at most this many blocks (clusters) per resident slot (1: a persistent grid); 0:
 // a block per R rows (a cluster per row), scheduled by the hardware. Blocks, a multiple of
 // plan.cluster.
 template <typename Kernel>
 int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int waves = 1) {
-  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
+  const int64_t row_blocks = row_groups(plan, M);
   if (plan.cluster > 1) {
     const int64_t resident = fitting_clusters(kernel, plan, smem);
     const int64_t clusters = waves == 0 ? row_blocks : std::min<int64_t>(row_blocks, waves * resident);
@@ -344,9 +350,8 @@ inline int row_stagger(const RowPlan& plan, int64_t M, int64_t grid, int waves) 
   if (waves == 0) return 0;
   const int tuned = row_tuning().stagger;
   if (tuned >= 0) return tuned;
-  const int64_t row_blocks = (M + plan.threads / plan.G - 1) / (plan.threads / plan.G);
   const int64_t clusters = std::max<int64_t>(1, grid / plan.cluster);
-  return row_stagger_cycles((row_blocks + clusters - 1) / clusters);
+  return row_stagger_cycles((row_groups(plan, M) + clusters - 1) / clusters);
 }
 
 // Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
@@ -485,7 +490,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
-  const int waves = row_tuning().grid_waves >= 0 ? row_tuning().grid_waves : 1;  // persistent by default
+  const int tuned_waves = row_tuning().grid_waves;
+  const int waves = tuned_waves >= 0 ? tuned_waves : 1;  // persistent by default
   const int64_t blocks = row_grid(sizing, row, M, smem, waves);
   if (grouping.offsets.ptr == nullptr) {
     partials = at::empty({blocks, 4}, acc_like.options());

@@ -78,9 +78,10 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// A persistent grid's staggered start (launch.cuh, row_stagger; not the grouped builds): quarter q of the grid's clusters
-// (a block of one CTA is a cluster of one) waits q * stagger clock cycles before its first row, so
-// that the blocks an SM holds, and the clusters of the grid, do not load and compute in step.
+// A persistent grid's staggered start (launch.cuh, row_stagger; not the grouped builds): quarter q
+// of the grid's clusters (a block of one CTA is a cluster of one) waits q * stagger clock cycles
+// before its first row, so that the blocks an SM holds, and the clusters of the grid, do not load
+// and compute in step.
 __device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t clusters, int stagger) {
   if (stagger <= 0) return;
   const int64_t at = cluster_id * 4;  // quarter q: at in [q clusters, (q + 1) clusters)
@@ -93,7 +94,6 @@ __device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t cluste
 #endif
   }
 }
-
 
 // Rows of thread-block clusters exchange their sums through two mbarriers a CTA, one for each
 // row parity (`bars`: static shared memory, at the same offset in every CTA), one arrival each.
