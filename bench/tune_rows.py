@@ -16,10 +16,13 @@ bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings
 half-idle odd rows without their pack fewer (columns ``*-nt``; csrc/launch_plan.h ``row_packs``).
 ``--cluster8``: clusters of at most 8 CTAs, the portable size (columns ``*-k8``: the rows the table
 puts on 16 then take the tiled kernels). ``--stagger N ...``: persistent grids started in four
-quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered).
+quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered). ``--apart N ...``:
+the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
+own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
+block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--persistent]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--persistent] [--apart N ...]
 """
 
 import argparse
@@ -74,6 +77,10 @@ def main() -> None:
                         help="the forward also on a persistent grid (grid_waves 1: column fw1 / mfw1), and with "
                         "--stagger N staggered (fw1-s<N>): the table's forward runs one-CTA rows a block per R rows; "
                         "the backward is persistent in the table")
+    parser.add_argument("--apart", type=int, nargs="*", default=[], choices=[0, 1],
+                        help="also with the backward's partials summed by the last block (0) or apart (1): "
+                        "columns b-a<N> (the grid that choice takes), bw1-a1 / bw0-a1 (persistent / a block per "
+                        "R rows, apart)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -92,6 +99,11 @@ def main() -> None:
     for n in args.stagger:
         fwd_variants[f"{f}-s{n}"] = {"stagger": n}
         bwd_variants[f"{b}-s{n}"] = {"stagger": n}
+    for n in args.apart:
+        bwd_variants[f"{b}-a{n}"] = {"sum_apart": n}
+        if n > 0:
+            bwd_variants[f"{b}w1-a{n}"] = {"grid_waves": 1, "sum_apart": n}
+            bwd_variants[f"{b}w0-a{n}"] = {"grid_waves": 0, "sum_apart": n}
     if args.persistent:
         fwd_variants[f"{f}w1"] = {"grid_waves": 1}
         for n in args.stagger:

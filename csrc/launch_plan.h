@@ -28,17 +28,23 @@
 //                |                   | as above, else of <= 512       | clusters (65537: 1.22 on 8 x 128,
 //                |                   |                                | 1.40 on 2 x 512)
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
-//                |                   | persistent; or 2 CTAs of <= 128| a block per row: 1.5-1.7 of an add.
+//                |                   | persistent (a block per R rows | a block per row with the last block's
+//                |                   | of full lanes where the        | sum: 1.5-1.7 of an add; summed apart
+//                |                   | partials are summed apart); or | 1.08-1.10 (v19).
+//                |                   | 2 CTAs of <= 128               |
 //                |                   | where they hold no more threads| 16384: 1.10 on 2 x 128, 1.13 on 1 x 256
 //                |                   | (12288, 16384: 2 x 96, 2 x 128)| (12288: 1.12 against 1.20)
 //                | 16384 < H         | row, a cluster of 2-16 CTAs:   | 65536: 1.14 on 8 x 128, 1.19 on 4 x
 //                |   <= 262144       | of <= 128 threads (up to 8) as | 256; 262144 on 16: 1.43 of an add,
 //                |                   | above, else of <= 256          | tiled 1.83
 //                | H > 262144        | tiled                          |
-//   mul_forward  | H <= 16384        | as forward, 8 packs each of x  |
-//                | <= 262144, beyond | and mul                        |
-//   mul_backward | H <= 8192         | as backward, 4 packs each of x,|
+//   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows of one CTA past 128 threads
+//                | <= 262144, beyond | and mul                        | (H > 8192) on a persistent grid
+//   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout
 //                | <= 131072, beyond | grad_out and mul               |
+//   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
+//                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
+//                | a block per R rows)
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
@@ -149,6 +155,8 @@ struct RowTuning {
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
   int stagger;       // clock cycles between the quarters of a persistent grid's start (-1: the table's; launch.cuh)
+  int sum_apart;     // the backward's dW / dB partials: -1 the table's (row_sum_apart), 0 summed by the row
+                     // kernel's last block, 1 by a kernel of their own
 };
 RowTuning row_tuning();
 
@@ -167,6 +175,29 @@ RowTuning row_tuning();
 constexpr int kRowStaggerCycles = 1500;
 constexpr int64_t kRowStaggerRounds = 8;
 inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }
+
+// The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid
+// would take kRowSumApartRounds rounds of rows or more has them summed by a kernel of their own
+// (param_sum_kernel: one block, launched after the row kernel, on sm_90 as a programmatic
+// dependent launch), not by the row kernel's last block, which needs every block to fence after
+// its last stores; and PolyNorm's one-CTA rows of whole packs that fill every lane's slots (as
+// every power of two from 512 to 8192 in bf16) then take a block per R rows, not a persistent
+// grid. The fused backward, rows of clusters and other rows stay persistent: bf16 3000 (375 packs
+// on 64 lanes of 8) / 4097 / 5125 ran 1.25 / 1.21 / 1.36 on a block per R rows against 1.12 /
+// 1.17 / 1.30 persistent, the sum apart either way (call 4). Fewer rounds (small M, as most
+// seed shapes) keep the last block's sum: one launch, less host time. Measured on an H200
+// (bench/NOTES.md v19, h200-2026-12-02f, bf16, kernel over an add in one run), call 1, at M·H =
+// 2^26 (15-16 rounds): PolyNorm's backward at 512-8192 1.06-1.04 on a block per R rows with no sum
+// at all (a bound), 1.47 with the last block's sum there (every block fences), 1.11-1.13
+// persistent with it (the table of before); call 2, the table against the last block's sum on the
+// persistent grid (`b` against `b-a0`): at 2^26 512 / 1024 / 2048 / 4096 / 8192 1.137 / 1.120 /
+// 1.120 / 1.112 / 1.117 -> 1.103 / 1.094 / 1.078 / 1.092 / 1.091; at 2^25 (8 rounds) 1024 / 4096
+// / 8192 1.181 / 1.167 / 1.151 -> 1.136 / 1.132 / 1.129; at 2^24 (4 rounds) 1.230 / 1.224 / 1.225
+// -> 1.185 / 1.191 / 1.166 (hence 4); on clusters 16384 / 65536 1.093 / 1.110 -> 1.080 / 1.104
+// (the sum's launch let start once every block has left its rows; once every block had started,
+// 1.101 / 1.121); the fused backward 0.3-1% faster (2048-16384, started early), even at 65536.
+constexpr int64_t kRowSumApartRounds = 4;
+inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
 // Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and
 // kFwdPacks (kBwdPacks) packs per thread and tensor in registers per tile. With

@@ -191,6 +191,7 @@ std::atomic<int> g_cta_threads{0};
 std::atomic<int> g_max_cluster{0};
 std::atomic<bool> g_trim_packs{true};
 std::atomic<int> g_stagger{-1};
+std::atomic<int> g_sum_apart{-1};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
@@ -198,10 +199,12 @@ std::atomic<int> g_stagger{-1};
 // (0 = the table's, whose split rows take CTAs of 128 first; a size set here takes one tier, so
 // 512 gives the table of before the fourteenth session; the wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
 // device that cannot place the row's cluster takes the tiled kernels), whether half-idle odd rows take a pack fewer (row_packs),
-// and the clock cycles between the quarters of a persistent grid's start (-1 = the table's; launch.cuh, row_stagger).
+// the clock cycles between the quarters of a persistent grid's start (-1 = the table's; launch.cuh, row_stagger),
+// and who sums the backward's dW / dB partials (-1 = the table's, 0 the row kernel's last block, 1 a kernel of their
+// own; launch_plan.h, row_sum_apart).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs,
-               int64_t stagger) {
+               int64_t stagger, int64_t sum_apart) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -212,6 +215,8 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
                     "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got ", num(max_cluster));
   TORCH_CHECK_VALUE(stagger >= -1 && stagger <= 100000, "polynorm._tune_rows: expected -1 <= stagger <= 100000, got ",
                     num(stagger));
+  TORCH_CHECK_VALUE(sum_apart >= -1 && sum_apart <= 1, "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got ",
+                    num(sum_apart));
   // Every check before any store: a rejected call changes nothing.
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
@@ -219,6 +224,7 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   g_max_cluster.store(static_cast<int>(max_cluster));
   g_trim_packs.store(trim_packs);
   g_stagger.store(static_cast<int>(stagger));
+  g_sum_apart.store(static_cast<int>(sum_apart));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
@@ -265,7 +271,8 @@ KernelKind forced_kernel() { return static_cast<KernelKind>(g_forced_kernel.load
 RowTuning row_tuning() {
   return {g_grid_waves.load(std::memory_order_relaxed), g_same_phase.load(std::memory_order_relaxed),
           g_cta_threads.load(std::memory_order_relaxed), g_max_cluster.load(std::memory_order_relaxed),
-          g_trim_packs.load(std::memory_order_relaxed), g_stagger.load(std::memory_order_relaxed)};
+          g_trim_packs.load(std::memory_order_relaxed), g_stagger.load(std::memory_order_relaxed),
+          g_sum_apart.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -299,7 +306,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, "
-        "bool trim_packs=True, int stagger=-1) -> ()",
+        "bool trim_packs=True, int stagger=-1, int sum_apart=-1) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -283,3 +283,78 @@ def test_staggered_start_changes_no_bit(op, H, M, dtype):
         ops._tune_rows()
         del x, g, mul, unstaggered
         torch.cuda.empty_cache()
+
+
+@requires_cuda
+@pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
+                                       (4096, 96, torch.float32), (5125, 600, torch.bfloat16)])
+@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
+def test_param_grads_summed_apart(op, H, M, dtype):
+    # The backward's dW / dB partials are summed by the row kernel's last block or by a kernel of
+    # their own (csrc/launch_plan.h, row_sum_apart: the table sums apart when the persistent grid
+    # would take 4 rounds of rows or more, as at 1024 x 40000 and 65536 x 1024 on an H200, and then
+    # PolyNorm's one-CTA rows of whole packs that fill their lanes take a block per R rows).
+    # Forced both ways, on either grid:
+    # grad_x (and grad_mul) are the same bits throughout;
+    # each setting's dW and dB are the same bits on every run and within fp32 summation error of
+    # the table's (another order: the grid and the summing block set it; one partial lost or
+    # counted twice is off by orders of magnitude more). The small shapes meet the float64 oracle
+    # with the sum apart. (The large shapes hold under 1 GB a test.)
+    gen = torch.Generator().manual_seed(seed_for("apart", op, dtype, H))
+    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen) if op == "poly_norm_mul" else None
+    ops = torch.ops.polynorm
+    rstd = (ops.forward(x, w, b, 1e-6) if mul is None else ops.mul_forward(x, mul, w, b, 1e-6))[1]
+
+    def backward():
+        with poisoned_outputs():
+            if mul is None:
+                return ops.backward(g, x, w, rstd)
+            return ops.mul_backward(g, x, mul, w, b, rstd)
+
+    tolerance = 4 * M**0.5 * torch.finfo(torch.float32).eps
+    table = backward()
+    try:
+        for waves, apart in ((-1, 0), (-1, 1), (1, 1), (0, 1), (1, 0)):
+            ops._tune_rows(grid_waves=waves, sum_apart=apart)
+            got, again = backward(), backward()
+            where = f"grid_waves {waves}, sum_apart {apart}"
+            for k in range(len(got)):
+                assert torch.equal(got[k], again[k]), f"{where}: output {k} differs between runs"
+            for k in range(len(got) - 2):  # grad_x, grad_mul
+                assert torch.equal(got[k], table[k]), f"{where}: output {k}"
+            for k in (-2, -1):  # grad_weight, grad_bias
+                rel = float((got[k] - table[k]).abs().max() / table[k].abs().max())
+                assert rel <= tolerance, f"{where}: output {k} off the table's by {rel:.3g} (tolerance {tolerance:.3g})"
+        if M * H <= 2**22:
+            ops._tune_rows(sum_apart=1)
+            if mul is None:
+                out = run_backend("cuda", x, g, w, b, 1e-6)
+                check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} sum apart")
+            else:
+                out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+                check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} sum apart")
+    finally:
+        ops._tune_rows()
+        del x, g, mul, table
+        torch.cuda.empty_cache()
+
+
+@requires_cuda
+@pytest.mark.parametrize("apart", [0, 1])
+def test_cuda_graph_capture_of_either_param_sum(apart):
+    # The sum apart is a second launch (a programmatic dependent launch on sm_90): captured and
+    # replayed like the rest, its results bitwise equal to eager calls.
+    gen = torch.Generator().manual_seed(seed_for("graph apart", apart))
+    x = make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    fresh = lambda: make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)  # noqa: E731
+    try:
+        torch.ops.polynorm._tune_rows(sum_apart=apart)
+        assert_graph_replay_matches_eager(x, g, w, b, fresh, fresh)
+        check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=f"apart {apart}")
+    finally:
+        torch.ops.polynorm._tune_rows()

@@ -546,6 +546,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     }
   }
   started.wait();  // a cluster that had no row: its arrival is waited on before it exits
+  if (param_grads.apart) allow_param_sum();  // param_sum_kernel may be placed
 
   if (grouped) return;  // the row terms are summed per expert by grouped_param_sums
   // The block's partial: its groups in order (each group's rows already in order).
@@ -559,7 +560,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
     param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
-  finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));
+  if (!param_grads.apart) finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));  // else param_sum_kernel
 }
 
 }  // namespace

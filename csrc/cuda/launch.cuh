@@ -312,6 +312,9 @@ int64_t fitting_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   return resident;
 }
 
+// The most blocks a grid's x dimension holds.
+constexpr int64_t kMaxGridBlocks = 2147483647;
+
 // A row plan's row groups for M rows: its blocks of R = threads / G rows (one a cluster).
 inline int64_t row_groups(const RowPlan& plan, int64_t M) {
   const int64_t R = plan.threads / plan.G;
@@ -411,16 +414,39 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;
   const auto kernel = build(layout);
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
-  // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8; narrow ones: 6-9%
-  // faster, v5), persistent for rows of clusters (131072 bf16: 1.29 against 1.37; the fused op
-  // at 32768-131072: 10-15%, v6).
-  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (row.cluster > 1 ? 1 : 0);
+  // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8, and 1.12-1.19
+  // persistent however staggered, v19; narrow ones: 6-9% faster, v5), persistent for rows of
+  // clusters (131072 bf16: 1.29 against 1.37; the fused op at 32768-131072: 10-15%, v6) and for
+  // the fused op's rows of one CTA past 128 threads (v19, h200-2026-12-02f/call2, bf16 at M·H =
+  // 2^26, over its floor: 12288 / 16384 1.206 / 1.115 -> 1.127 / 1.089; at 8192, 128 threads,
+  // 1.058 on a block per row against 1.077).
+  const bool persistent = row.cluster > 1 || (kMul && row.G > kRowMinThreads);
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
   const size_t smem = smem_of(layout);
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
                     weight, bias, mul, grouping, M, H, eps, row.G, row.cluster, row_stagger(row, M, grid, waves));
   return true;
+}
+
+// The row backward's partials summed apart (ParamGrads::apart; reduce.cuh, param_sum_kernel):
+// one block, launched after the row kernel on its stream; on sm_90 as a programmatic dependent
+// launch, placed once the row kernel's blocks have left their rows (allow_param_sum) and waiting
+// there for the row kernel to complete: its launch overlaps the row kernel's last blocks.
+template <typename acc_t>
+void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(1);
+  config.blockDim = dim3(kParamSumThreads);
+  config.dynamicSmemBytes = 0;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = device_launches_clusters() ? 1 : 0;  // sm_90 and later
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, &param_sum_kernel<acc_t>, pg, blocks));
 }
 
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
@@ -490,16 +516,31 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
-  const int tuned_waves = row_tuning().grid_waves;
-  const int waves = tuned_waves >= 0 ? tuned_waves : 1;  // persistent by default
-  const int64_t blocks = row_grid(sizing, row, M, smem, waves);
-  if (grouping.offsets.ptr == nullptr) {
+  // Who sums the dW / dB partials (launch_plan.h, row_sum_apart: by the rounds of rows of the
+  // persistent grid), and the grid: persistent, but a block per R rows for PolyNorm's one-CTA
+  // rows of whole packs that fill every lane's slots, whose partials are summed apart (a grid
+  // that fits gridDim.x). By H and the dtype, not by the layout: a view's dW and dB are its
+  // aligned rows' bits (a misaligned view of such rows then runs its realigned build on a block
+  // per R rows: bf16 4096, 1.04 of its add against 0.98 persistent, bench/NOTES.md v19 call 4).
+  const RowTuning tuning = row_tuning();
+  const int64_t persistent = row_grid(sizing, row, M, smem, 1);
+  const int64_t groups = row_groups(row, M);
+  const int64_t rounds = (groups + persistent / row.cluster - 1) / (persistent / row.cluster);
+  const bool apart = !grouped && (tuning.sum_apart >= 0 ? tuning.sum_apart > 0 : row_sum_apart(rounds));
+  const bool full_lanes = whole_packs(H, sizeof(scalar_t)) &&
+                          int64_t(row.G) * kPacks == slot_packs(H, static_cast<int>(sizeof(scalar_t)));
+  const bool row_blocks = apart && !kMul && row.cluster == 1 && full_lanes && groups <= kMaxGridBlocks;
+  const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : row_blocks ? 0 : 1;
+  const int64_t blocks = waves == 1 ? persistent : row_grid(sizing, row, M, smem, waves);
+  if (!grouped) {
     partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
+    pg.apart = apart;
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
                     row_stagger(row, M, blocks, waves));
+  if (apart) launch_param_sum(pg, blocks, stream);
   return true;
 }
 

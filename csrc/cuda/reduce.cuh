@@ -217,43 +217,29 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
 }
 
 // Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
-// sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials.
+// sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials
+// (finish_param_grads); or, for a row launch with `apart`, a kernel of its own does, launched
+// right after it (param_sum_kernel; launch.cuh, launch_backward_row says when).
 template <typename acc_t>
 struct ParamGrads {
   acc_t* partials;          // [gridDim.x, 4] opmath: one block's sums each
-  unsigned int* arrivals;   // blocks done so far; 0 between launches
+  unsigned int* arrivals;   // blocks done so far; 0 between launches (unused with `apart`)
   acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
   acc_t* grad_bias;         // (1,) opmath
+  bool apart;               // row kernels: param_sum_kernel sums the partials, not the last block
 };
 
-// Called by every thread of a block right after its threads have written the block's
-// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32, at most
-// 1024). The last block to arrive sums the partials in a fixed order: thread t adds blocks
-// t, t + threads, ... (all four columns, one 16-byte load a block for fp32), then each warp's
-// xor tree, then the warps in order; so the bits depend only on the grid and block sizes,
-// not on which block is last, and there are no atomics on the values: the same bits on
-// every run. Every thread loads, so a grid of many blocks (a block per row) is summed in a
-// few round trips. This replaces a second kernel launch (the threadFenceReduction pattern
-// of the CUDA samples).
-// atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
-// launches on one stream never overlap, so one counter per stream suffices
-// (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
-template <typename acc_t>
-__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
-  __shared__ bool last;
+// The partials' sum in a fixed order, by `threads` threads (`tid`: this one's index, the
+// threads a multiple of 32, at most 1024) of one block: thread t adds blocks t, t + threads, ...
+// (all four columns, one 16-byte load a block for fp32), then each warp's xor tree, then the
+// warps in order; so the bits depend only on `blocks` and `threads`. Every thread loads, so many
+// partials (a block per R rows) are summed in a few round trips.
+template <typename acc_t, int kUnroll>
+__device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, int tid, int threads, int64_t blocks) {
   __shared__ acc_t warp_sums[32][4];
-  __threadfence();  // this block's partial is visible to all blocks before it is counted
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();  // cumulative: the partial's stores, ordered before it by the barrier
-    last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();  // every other block's partial is visible to this one
   acc_t t[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-#pragma unroll 4
-  for (int64_t b = tid; b < gridDim.x; b += threads) {
+#pragma unroll kUnroll
+  for (int64_t b = tid; b < blocks; b += threads) {
     if constexpr (sizeof(acc_t) == 4) {
       const float4 p = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
       t[0] += p.x, t[1] += p.y, t[2] += p.z, t[3] += p.w;
@@ -280,6 +266,56 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
       pg.grad_bias[0] = total;
     }
   }
+}
+
+// Called by every thread of a block right after its threads have written the block's
+// partial (`tid`: the thread's index in the block of `threads`, a multiple of 32, at most
+// 1024). The last block to arrive sums the partials (sum_param_partials): the bits depend only
+// on the grid and block sizes, not on which block is last, and there are no atomics on the
+// values: the same bits on every run. This replaces a second kernel launch (the
+// threadFenceReduction pattern of the CUDA samples) for grids of few rounds; it costs the fences:
+// every block waits for its last stores before it draws its ticket (bench/NOTES.md v19: about 2%
+// of a persistent grid's time, 13% for a block per R rows), hence param_sum_kernel.
+// atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
+// launches on one stream never overlap, so one counter per stream suffices
+// (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
+template <typename acc_t>
+__device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, int tid, int threads) {
+  __shared__ bool last;
+  __threadfence();  // this block's partial is visible to all blocks before it is counted
+  __syncthreads();
+  if (tid == 0) {
+    __threadfence();  // cumulative: the partial's stores, ordered before it by the barrier
+    last = atomicInc(pg.arrivals, gridDim.x - 1) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // every other block's partial is visible to this one
+  sum_param_partials<acc_t, 4>(pg, tid, threads, int64_t(gridDim.x));
+}
+
+// The row backward's partials summed apart (ParamGrads::apart): one block of kParamSumThreads,
+// launched right after the row kernel as a programmatic dependent launch on sm_90 (launch.cuh,
+// launch_param_sum), so it is placed once every block of the row kernel has left its rows
+// (allow_param_sum) and waits here for the row kernel to complete and its stores to be visible
+// (griddepcontrol.wait; without that launch attribute, stream order alone, and the wait returns
+// at once). No fence, no ticket. Let start when every block had started instead (the trigger
+// before the rows), it cost the persistent grids 1-2% (bench/NOTES.md v19, call 2).
+constexpr int kParamSumThreads = 1024;
+template <typename acc_t>
+__global__ void __launch_bounds__(kParamSumThreads) param_sum_kernel(ParamGrads<acc_t> pg, int64_t blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  sum_param_partials<acc_t, 8>(pg, int(threadIdx.x), int(blockDim.x), blocks);
+}
+
+// The row kernel's side of it: let the sum's launch start (griddepcontrol.launch_dependents;
+// it begins once every block of the grid has called this or exited).
+__device__ __forceinline__ void allow_param_sum() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
 }
 
 }  // namespace
