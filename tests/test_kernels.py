@@ -242,9 +242,10 @@ def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_staggered_start_changes_no_bit(op, H, M, dtype):
     # A persistent row grid starts in staggered quarters (csrc/launch_plan.h, row_stagger_cycles:
-    # the table staggers grids of 8 rounds of rows or more: on an H200 the backward's at 1024 x
-    # 40000 and both directions' at 65536 x 1024, whose forward runs on clusters; the forced
-    # staggers below apply to every persistent grid).
+    # the table staggers grids of 8 rounds of rows or more: on an H200 both directions' at 65536 x
+    # 1024, whose forward runs on clusters, and the fused backward at 1024 x 40000; PolyNorm's
+    # backward there runs a block per R rows, never staggered). Every grid is made persistent
+    # here (grid_waves=1, both directions), so the forced staggers below reach every launch.
     # The delay only moves when blocks start: every output of the ops (poisoned first) equals the
     # unstaggered launch's bit for bit, whatever the stagger (the table's, 3000 cycles, 100000: far
     # longer than a row). At the small shape, the longest stagger's results meet the float64
@@ -266,10 +267,10 @@ def test_staggered_start_changes_no_bit(op, H, M, dtype):
 
     unstaggered = None
     try:
-        ops._tune_rows(stagger=0)
+        ops._tune_rows(grid_waves=1, stagger=0)
         unstaggered = run()
         for stagger in (-1, 3000, 100000):
-            ops._tune_rows(stagger=stagger)
+            ops._tune_rows(grid_waves=1, stagger=stagger)
             for k, (want, got) in enumerate(zip(unstaggered, run())):
                 assert torch.equal(want, got), f"stagger {stagger}: output {k}"
         if M * H <= 2**22:  # stagger still 100000
@@ -299,7 +300,7 @@ def test_param_grads_summed_apart(op, H, M, dtype):
     # each setting's dW and dB are the same bits on every run and within fp32 summation error of
     # the table's (another order: the grid and the summing block set it; one partial lost or
     # counted twice is off by orders of magnitude more). The small shapes meet the float64 oracle
-    # with the sum apart. (The large shapes hold under 1 GB a test.)
+    # with the sum apart. (The largest case, the fused op at 65536 x 1024, holds about 1.8 GB.)
     gen = torch.Generator().manual_seed(seed_for("apart", op, dtype, H))
     x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
@@ -328,6 +329,7 @@ def test_param_grads_summed_apart(op, H, M, dtype):
             for k in (-2, -1):  # grad_weight, grad_bias
                 rel = float((got[k] - table[k]).abs().max() / table[k].abs().max())
                 assert rel <= tolerance, f"{where}: output {k} off the table's by {rel:.3g} (tolerance {tolerance:.3g})"
+            del got, again
         if M * H <= 2**22:
             ops._tune_rows(sum_apart=1)
             if mul is None:
@@ -343,15 +345,17 @@ def test_param_grads_summed_apart(op, H, M, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("M,H", [(512, 4096), (64, 65536)])
 @pytest.mark.parametrize("apart", [0, 1])
-def test_cuda_graph_capture_of_either_param_sum(apart):
+def test_cuda_graph_capture_of_either_param_sum(apart, M, H):
     # The sum apart is a second launch (a programmatic dependent launch on sm_90): captured and
-    # replayed like the rest, its results bitwise equal to eager calls.
-    gen = torch.Generator().manual_seed(seed_for("graph apart", apart))
-    x = make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)
-    g = make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)
+    # replayed like the rest, after a row kernel of one CTA and after one of clusters (65536 on an
+    # H200), its results bitwise equal to eager calls.
+    gen = torch.Generator().manual_seed(seed_for("graph apart", apart, H))
+    x = make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
-    fresh = lambda: make_rows(512, 4096, torch.bfloat16, "cuda", "contiguous", gen)  # noqa: E731
+    fresh = lambda: make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)  # noqa: E731
     try:
         torch.ops.polynorm._tune_rows(sum_apart=apart)
         assert_graph_replay_matches_eager(x, g, w, b, fresh, fresh)

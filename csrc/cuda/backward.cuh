@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_vec_ok,
-    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum (or apart)
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
     scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
     bool dx_realign_arg,
-    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum
+    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum (or apart)
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
     int64_t M,

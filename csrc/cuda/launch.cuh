@@ -10,7 +10,7 @@
 // - launch_plan.h (csrc/): the table of which kernel serves which (op, H, dtype), and why;
 // - forward.cuh, backward.cuh: the kernels, tiled then row;
 // - packs.cuh: 16-byte packs, loads and stores, the row kernels' lane layout and realignment;
-// - reduce.cuh: the reductions (tiled group, row, cluster) and the dW/dB partials' last-block sum;
+// - reduce.cuh: the reductions (tiled group, row, cluster) and the dW/dB partials' sums;
 // - args.cuh: the fused op's and the grouped ops' kernel arguments (MulArgs, GroupArgs).
 //
 // Two kernel families, chosen by H, the dtype and whether the device launches clusters alone
@@ -34,7 +34,8 @@
 // - All accumulation is in at::opmath_type (fp32, or fp64 for fp64 inputs); offsets are
 //   64-bit; dW and dB come from per-block partials that the backward's last block sums in a
 //   fixed order set by the grid and block sizes (finish_param_grads): one launch, and the
-//   same bits on every run
+//   same bits on every run; or, on large row launches, a one-block kernel of their own after
+//   the row kernel does (param_sum_kernel; launch_plan.h, row_sum_apart)
 //   (grouped: per-row terms, summed per expert by a second kernel, grouped_param_sums).
 // bench/NOTES.md records each version's prediction and measured outcome.
 #pragma once
@@ -433,7 +434,19 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
 // The row backward's partials summed apart (ParamGrads::apart; reduce.cuh, param_sum_kernel):
 // one block, launched after the row kernel on its stream; on sm_90 as a programmatic dependent
 // launch, placed once the row kernel's blocks have left their rows (allow_param_sum) and waiting
-// there for the row kernel to complete: its launch overlaps the row kernel's last blocks.
+// there for the row kernel to complete: its launch overlaps the row kernel's last blocks. Only
+// where the kernel's code has that wait: a build without sm_90 code (PTX of an older arch, JIT
+// compiled on an H200) compiles griddepcontrol out, and then stream order alone orders the two.
+template <typename acc_t>
+bool param_sum_waits() {
+  static const bool waits = [] {
+    cudaFuncAttributes attributes{};
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, &param_sum_kernel<acc_t>));
+    return attributes.ptxVersion >= 90;
+  }();
+  return waits;
+}
+
 template <typename acc_t>
 void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
@@ -445,7 +458,7 @@ void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t 
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = device_launches_clusters() ? 1 : 0;  // sm_90 and later
+  config.numAttrs = device_launches_clusters() && param_sum_waits<acc_t>() ? 1 : 0;  // sm_90 code on sm_90
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, &param_sum_kernel<acc_t>, pg, blocks));
 }
 
@@ -497,7 +510,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;  // as forward
   const auto kernel = build(layout);
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
-  // Persistent (a block per row: 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
+  // Persistent, or a block per R rows where the partials are summed apart (below; with the last
+  // block's sum a block per row ran 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
   // The grid, and so the order in which dW and dB are summed, is sized by one build for every
   // layout of a row (the aligned build, queried for its occupancy only, never launched here),
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today

@@ -1,8 +1,8 @@
 // The CUDA kernels' reductions, each in a fixed order set by the launch geometry alone (so by
 // H and the dtype): over a tiled kernel's row group (group_reduce), a row of one CTA
 // (row_reduce) or of a thread-block cluster (cluster_row_reduce), and the backward's dW/dB
-// block partials, summed by its last block (ParamGrads, finish_param_grads). Lane layout:
-// packs.cuh.
+// block partials, summed by its last block or by a kernel of their own (ParamGrads,
+// finish_param_grads, param_sum_kernel). Lane layout: packs.cuh.
 #pragma once
 
 #include "packs.cuh"
@@ -222,11 +222,11 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
 // right after it (param_sum_kernel; launch.cuh, launch_backward_row says when).
 template <typename acc_t>
 struct ParamGrads {
-  acc_t* partials;          // [gridDim.x, 4] opmath: one block's sums each
+  acc_t* partials;          // [the backward grid's blocks, 4] opmath: one block's sums each
   unsigned int* arrivals;   // blocks done so far; 0 between launches (unused with `apart`)
   acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
   acc_t* grad_bias;         // (1,) opmath
-  bool apart;               // row kernels: param_sum_kernel sums the partials, not the last block
+  bool apart = false;       // row kernels: param_sum_kernel sums the partials, not the last block
 };
 
 // The partials' sum in a fixed order, by `threads` threads (`tid`: this one's index, the
@@ -274,8 +274,9 @@ __device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, 
 // on the grid and block sizes, not on which block is last, and there are no atomics on the
 // values: the same bits on every run. This replaces a second kernel launch (the
 // threadFenceReduction pattern of the CUDA samples) for grids of few rounds; it costs the fences:
-// every block waits for its last stores before it draws its ticket (bench/NOTES.md v19: about 2%
-// of a persistent grid's time, 13% for a block per R rows), hence param_sum_kernel.
+// every block waits for its last stores before it draws its ticket (bench/NOTES.md v19: the whole
+// sum about 2% of a persistent grid's time, and 40% of a block per R rows', 13% of it the fences
+// and tickets), hence param_sum_kernel.
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
