@@ -236,6 +236,26 @@ def test_param_grads_of_many_rows_do_not_depend_on_the_layout(op, dtype, H, M):
             assert torch.equal(value, moved[out]), f"{name}: {out}"
 
 
+def _cuda_rows(key, op, M, H, dtype):
+    """Fresh random x, grad, weight, bias on the GPU, and mul for the fused op (None otherwise)."""
+    gen = torch.Generator().manual_seed(seed_for(key, op, dtype, H))
+    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen) if op == "poly_norm_mul" else None
+    return x, g, w, b, mul
+
+
+def _check_cuda_against_oracle(x, g, w, b, mul, what):
+    """The CUDA backend through autograd (PolyNorm, or the fused op when mul is given) against
+    the float64 oracle, under the current _tune_rows settings."""
+    if mul is None:
+        check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=what)
+    else:
+        out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+        check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=what)
+
+
 @requires_cuda
 @pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
                                        (5125, 600, torch.float32), (5125, 600, torch.bfloat16)])
@@ -250,16 +270,12 @@ def test_staggered_start_changes_no_bit(op, H, M, dtype):
     # unstaggered launch's bit for bit, whatever the stagger (the table's, 3000 cycles, 100000: far
     # longer than a row). At the small shape, the longest stagger's results meet the float64
     # oracle through autograd. (The large shapes hold ~1 GB a test: the suite's workers share the GPU.)
-    gen = torch.Generator().manual_seed(seed_for("stagger", op, dtype, H))
-    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
-    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
-    w, b = make_params(torch.float32, "cuda", gen)
-    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    x, g, w, b, mul = _cuda_rows("stagger", op, M, H, dtype)
     ops = torch.ops.polynorm
 
     def run():
         with poisoned_outputs():
-            if op == "poly_norm":
+            if mul is None:
                 y, rstd = ops.forward(x, w, b, 1e-6)
                 return (y, rstd, *ops.backward(g, x, w, rstd))
             out, rstd = ops.mul_forward(x, mul, w, b, 1e-6)
@@ -274,12 +290,7 @@ def test_staggered_start_changes_no_bit(op, H, M, dtype):
             for k, (want, got) in enumerate(zip(unstaggered, run())):
                 assert torch.equal(want, got), f"stagger {stagger}: output {k}"
         if M * H <= 2**22:  # stagger still 100000
-            if op == "poly_norm":
-                out = run_backend("cuda", x, g, w, b, 1e-6)
-                check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} stagger 100000")
-            else:
-                out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-                check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} stagger 100000")
+            _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} stagger 100000")
     finally:
         ops._tune_rows()
         del x, g, mul, unstaggered
@@ -301,11 +312,7 @@ def test_param_grads_summed_apart(op, H, M, dtype):
     # the table's (another order: the grid and the summing block set it; one partial lost or
     # counted twice is off by orders of magnitude more). The small shapes meet the float64 oracle
     # with the sum apart. (The largest case, the fused op at 65536 x 1024, holds about 1.8 GB.)
-    gen = torch.Generator().manual_seed(seed_for("apart", op, dtype, H))
-    x = make_rows(M, H, dtype, "cuda", "contiguous", gen)
-    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
-    w, b = make_params(torch.float32, "cuda", gen)
-    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen) if op == "poly_norm_mul" else None
+    x, g, w, b, mul = _cuda_rows("apart", op, M, H, dtype)
     ops = torch.ops.polynorm
     rstd = (ops.forward(x, w, b, 1e-6) if mul is None else ops.mul_forward(x, mul, w, b, 1e-6))[1]
 
@@ -332,12 +339,7 @@ def test_param_grads_summed_apart(op, H, M, dtype):
             del got, again
         if M * H <= 2**22:
             ops._tune_rows(sum_apart=1)
-            if mul is None:
-                out = run_backend("cuda", x, g, w, b, 1e-6)
-                check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} sum apart")
-            else:
-                out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-                check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} sum apart")
+            _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} sum apart")
     finally:
         ops._tune_rows()
         del x, g, mul, table
