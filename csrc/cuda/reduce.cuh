@@ -238,14 +238,29 @@ template <typename acc_t, int kUnroll>
 __device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, int tid, int threads, int64_t blocks) {
   __shared__ acc_t warp_sums[32][4];
   acc_t t[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-#pragma unroll kUnroll
-  for (int64_t b = tid; b < blocks; b += threads) {
-    if constexpr (sizeof(acc_t) == 4) {
-      const float4 p = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
-      t[0] += p.x, t[1] += p.y, t[2] += p.z, t[3] += p.w;
-    } else {
+  // kUnroll blocks' loads in flight at once (all issued, then added in order): one L2 round
+  // trip per kUnroll blocks a thread, not per block.
+  for (int64_t b0 = tid; b0 < blocks; b0 += int64_t(kUnroll) * threads) {
+    acc_t p[kUnroll][4];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) t[k] += __ldcg(pg.partials + b * 4 + k);
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t b = b0 + int64_t(u) * threads;
+      if (b < blocks) {
+        if constexpr (sizeof(acc_t) == 4) {
+          const float4 v = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
+          p[u][0] = v.x, p[u][1] = v.y, p[u][2] = v.z, p[u][3] = v.w;
+        } else {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) p[u][k] = __ldcg(pg.partials + b * 4 + k);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (b0 + int64_t(u) * threads < blocks) {  // the same order as one block at a time
+#pragma unroll
+        for (int k = 0; k < 4; ++k) t[k] += p[u][k];
+      }
     }
   }
 #pragma unroll
@@ -308,7 +323,7 @@ __global__ void __launch_bounds__(kParamSumThreads) param_sum_kernel(ParamGrads<
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  sum_param_partials<acc_t, 8>(pg, int(threadIdx.x), int(blockDim.x), blocks);
+  sum_param_partials<acc_t, sizeof(acc_t) == 4 ? 8 : 4>(pg, int(threadIdx.x), int(blockDim.x), blocks);  // fp64: 64 registers
 }
 
 // The row kernel's side of it: let the sum's launch start (griddepcontrol.launch_dependents;
