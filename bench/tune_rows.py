@@ -15,8 +15,9 @@ over the output dtype's rounding floor); every variant's backward gives the tabl
 bitwise (``err`` is inf otherwise) and its dW and dB within a few fp32 roundings. ``--no-trim``:
 half-idle odd rows without their pack fewer (columns ``*-nt``; csrc/launch_plan.h ``row_packs``).
 ``--cluster8``: clusters of at most 8 CTAs, the portable size (columns ``*-k8``: the rows the table
-puts on 16 then take the tiled kernels). ``--stagger N ...``: persistent grids started in four
-quarters N clock cycles apart (columns ``*-s<N>``; ``-s0``: never staggered). ``--apart N ...``:
+puts on 16 then take the tiled kernels). ``--stagger N ...``: row grids started in four
+quarters N clock cycles apart (a persistent grid all of it, a block per R rows its first wave;
+columns ``*-s<N>``; ``-s0``: never staggered). ``--apart N ...``:
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
 block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart).
@@ -70,8 +71,9 @@ def main() -> None:
     parser.add_argument("--no-trim", action="store_true", help="also without row_packs' pack fewer")
     parser.add_argument("--cluster8", action="store_true", help="also with clusters of at most 8 CTAs")
     parser.add_argument("--stagger", type=int, nargs="*", default=[],
-                        help="also with persistent grids started in four quarters this many clock cycles apart "
-                        "(_tune_rows' stagger; 0: never staggered): columns *-s<N>, the same bits as the table's; "
+                        help="also with row grids (persistent: all of it; a block per R rows: its first wave) "
+                        "started in four quarters this many clock cycles apart (_tune_rows' stagger; 0: never "
+                        "staggered): columns *-s<N>, the same bits as the table's; "
                         "with --persistent, also the forward on a persistent grid everywhere (columns *fw1-s<N>)")
     parser.add_argument("--persistent", action="store_true",
                         help="the forward also on a persistent grid (grid_waves 1: column fw1 / mfw1), and with "

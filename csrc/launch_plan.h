@@ -154,7 +154,7 @@ struct RowTuning {
                     // size, one tier (0 = the table's, two tiers: row_plan)
   int max_cluster;  // the most CTAs a row (0 = the table's, kRowMaxCluster)
   bool trim_packs;   // half-idle odd rows take a pack fewer (row_packs; false: the untrimmed count)
-  int stagger;       // clock cycles between the quarters of a persistent grid's start (-1: the table's; launch.cuh)
+  int stagger;       // clock cycles between the quarters of a row grid's first wave (-1: the table's; launch.cuh)
   int sum_apart;     // the backward's dW / dB partials: -1 the table's (row_sum_apart), 0 summed by the row
                      // kernel's last block, 1 by a kernel of their own
 };
@@ -175,6 +175,21 @@ RowTuning row_tuning();
 constexpr int kRowStaggerCycles = 1500;
 constexpr int64_t kRowStaggerRounds = 8;
 inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }
+
+// A grid of a block per R rows (one-CTA rows: the forward's, the fused forward's to 128 threads, the
+// backward's rows summed apart) staggers its first wave, the blocks resident at its start, in four
+// quarters kRowWaveStaggerCycles apart, when it holds at least kRowWaveStaggerWaves such waves; its
+// later blocks start as others leave, out of step already. Measured on an H200 (bench/NOTES.md
+// v20, h200-2026-12-03/call2, bf16, kernel over its floor, against no stagger in the same run):
+// the forward at M·H = 2^25 (about 4 waves) 4096 / 16384 1.092 / 1.114 -> 1.068 / 1.083 of a
+// copy; at 2^26 1.000-1.014 faster at 512-2048 and 16384, 1.006 slower at 4096 / 8192 (the
+// spread); the fused forward 4096 / 8192 1.057 / 1.052 -> 1.029 / 1.022 of an add; the backward
+// 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower.
+constexpr int kRowWaveStaggerCycles = 750;
+constexpr int64_t kRowWaveStaggerWaves = 2;
+inline int row_wave_stagger_cycles(int64_t blocks, int64_t wave) {
+  return blocks >= kRowWaveStaggerWaves * wave ? kRowWaveStaggerCycles : 0;
+}
 
 // The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid
 // would take kRowSumApartRounds rounds of rows or more has them summed by a kernel of their own

@@ -199,7 +199,7 @@ std::atomic<int> g_sum_apart{-1};
 // (0 = the table's, whose split rows take CTAs of 128 first; a size set here takes one tier, so
 // 512 gives the table of before the fourteenth session; the wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
 // device that cannot place the row's cluster takes the tiled kernels), whether half-idle odd rows take a pack fewer (row_packs),
-// the clock cycles between the quarters of a persistent grid's start (-1 = the table's; launch.cuh, row_stagger),
+// the clock cycles between the quarters of a row grid's first wave (-1 = the table's; launch.cuh, row_stagger),
 // and who sums the backward's dW / dB partials (-1 = the table's, 0 the row kernel's last block, 1 a kernel of their
 // own; launch_plan.h, row_sum_apart).
 // Process-wide; _tune_rows() restores the defaults.

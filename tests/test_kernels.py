@@ -261,15 +261,17 @@ def _check_cuda_against_oracle(x, g, w, b, mul, what):
                                        (5125, 600, torch.float32), (5125, 600, torch.bfloat16)])
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_staggered_start_changes_no_bit(op, H, M, dtype):
-    # A persistent row grid starts in staggered quarters (csrc/launch_plan.h, row_stagger_cycles:
-    # the table staggers grids of 8 rounds of rows or more: on an H200 both directions' at 65536 x
-    # 1024, whose forward runs on clusters, and the fused backward at 1024 x 40000; PolyNorm's
-    # backward there runs a block per R rows, never staggered). Every grid is made persistent
-    # here (grid_waves=1, both directions), so the forced staggers below reach every launch.
-    # The delay only moves when blocks start: every output of the ops (poisoned first) equals the
-    # unstaggered launch's bit for bit, whatever the stagger (the table's, 3000 cycles, 100000: far
-    # longer than a row). At the small shape, the longest stagger's results meet the float64
-    # oracle through autograd. (The large shapes hold ~1 GB a test: the suite's workers share the GPU.)
+    # A row grid starts in staggered quarters (csrc/launch_plan.h): a persistent grid all of it, by
+    # the rounds of rows it takes (row_stagger_cycles: on an H200 both directions' at 65536 x 1024,
+    # whose forward runs on clusters, and the fused backward at 1024 x 40000), a grid of a block
+    # per R rows its first wave, by the waves it holds (row_wave_stagger_cycles: the forwards at
+    # 1024 x 40000, PolyNorm's backward there). Every grid is made persistent here (grid_waves=1,
+    # both directions), then a block per R rows (grid_waves=0), so that the forced staggers below
+    # reach every launch in both kinds of grid. The delay only moves when blocks start: every
+    # output of the ops (poisoned first) equals the same grid's unstaggered launch bit for bit,
+    # whatever the stagger (the table's, 3000 cycles, 100000: far longer than a row). At the small
+    # shape, the longest stagger's results meet the float64 oracle through autograd. (The large
+    # shapes hold ~1 GB a test: the suite's workers share the GPU.)
     x, g, w, b, mul = _cuda_rows("stagger", op, M, H, dtype)
     ops = torch.ops.polynorm
 
@@ -283,14 +285,16 @@ def test_staggered_start_changes_no_bit(op, H, M, dtype):
 
     unstaggered = None
     try:
-        ops._tune_rows(grid_waves=1, stagger=0)
-        unstaggered = run()
-        for stagger in (-1, 3000, 100000):
-            ops._tune_rows(grid_waves=1, stagger=stagger)
-            for k, (want, got) in enumerate(zip(unstaggered, run())):
-                assert torch.equal(want, got), f"stagger {stagger}: output {k}"
-        if M * H <= 2**22:  # stagger still 100000
-            _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} stagger 100000")
+        for waves in (1, 0):
+            ops._tune_rows(grid_waves=waves, stagger=0)
+            unstaggered = run()
+            for stagger in (-1, 3000, 100000):
+                ops._tune_rows(grid_waves=waves, stagger=stagger)
+                for k, (want, got) in enumerate(zip(unstaggered, run())):
+                    assert torch.equal(want, got), f"grid_waves {waves}, stagger {stagger}: output {k}"
+            if M * H <= 2**22:  # stagger still 100000
+                _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} grid_waves {waves} stagger 100000")
+            unstaggered = None
     finally:
         ops._tune_rows()
         del x, g, mul, unstaggered

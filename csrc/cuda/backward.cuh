@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t H,
     int G,
     int C,                                               // CTAs a row (a cluster of C, R = 1), or 1
-    int stagger) {                                       // persistent grids: cycles between start quarters (grouped: unused)
+    RowStagger stagger) {                                 // the first wave's start in quarters (grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];
@@ -367,7 +367,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   Pack x_ext, g_ext;
   int parity = 0;
   __shared__ __align__(8) uint64_t cluster_bars[2];  // C > 1: cluster_row_reduce's mbarriers
-  if constexpr (!kGrouped) stagger_start(cluster_id, clusters, stagger);
+  if constexpr (!kGrouped) stagger_start(cluster_id, stagger);
   ClusterStart started(C, cluster_bars);  // C > 1: arrived; waited on before the first store into a peer
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;

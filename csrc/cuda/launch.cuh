@@ -345,17 +345,23 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
                         " packs each, for a row of ", num(H), " elements");
 }
 
-// The staggered start of a persistent row grid of `grid` blocks for M rows (stagger_start,
-// reduce.cuh): clock cycles between its quarters (launch_plan.h, row_stagger_cycles: by the
-// rounds of rows its clusters take); 0 for a grid of a block per R rows (waves 0), whose blocks
-// start as others retire. _tune_rows(stagger=) sets it for every persistent grid (the grouped
-// builds take the argument and ignore it).
-inline int row_stagger(const RowPlan& plan, int64_t M, int64_t grid, int waves) {
-  if (waves == 0) return 0;
-  const int tuned = row_tuning().stagger;
-  if (tuned >= 0) return tuned;
+// The staggered start of a row grid of `grid` blocks for M rows (stagger_start, reduce.cuh): a
+// persistent grid (waves > 0) staggers all its clusters, by the rounds of rows they take
+// (launch_plan.h, row_stagger_cycles); a grid of a block per R rows (waves 0) its first wave, the
+// clusters resident at its start, by the waves it holds (row_wave_stagger_cycles). `kernel` and
+// `smem`: the build that sizes the grid. _tune_rows(stagger=) sets the cycles of either (the
+// grouped builds take the argument and ignore it).
+template <typename Kernel>
+RowStagger row_stagger(Kernel kernel, const RowPlan& plan, int64_t M, int64_t grid, size_t smem, int waves) {
   const int64_t clusters = std::max<int64_t>(1, grid / plan.cluster);
-  return row_stagger_cycles((row_groups(plan, M) + clusters - 1) / clusters);
+  const int64_t wave = waves > 0 ? clusters
+                       : std::min<int64_t>(clusters, plan.cluster > 1 ? resident_clusters(kernel, plan, smem)
+                                                                      : resident_blocks(kernel, plan.threads, smem));
+  const int tuned = row_tuning().stagger;
+  const int cycles = tuned >= 0 ? tuned
+                     : waves > 0 ? row_stagger_cycles((row_groups(plan, M) + clusters - 1) / clusters)
+                                 : row_wave_stagger_cycles(clusters, wave);
+  return RowStagger{cycles, static_cast<int>(std::min<int64_t>(wave, INT32_MAX))};
 }
 
 // Launches a row kernel: plainly, or as clusters (cudaLaunchKernelEx) with its slots.
@@ -427,7 +433,8 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster, row_stagger(row, M, grid, waves));
+                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster,
+                    row_stagger(kernel, row, M, grid, smem, waves));
   return true;
 }
 
@@ -553,7 +560,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
-                    row_stagger(row, M, blocks, waves));
+                    row_stagger(sizing, row, M, blocks, smem, waves));
   if (apart) launch_param_sum(pg, blocks, stream);
   return true;
 }

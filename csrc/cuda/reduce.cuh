@@ -78,15 +78,22 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// A persistent grid's staggered start (launch.cuh, row_stagger; not the grouped builds): quarter q
-// of the grid's clusters (a block of one CTA is a cluster of one) waits q * stagger clock cycles
-// before its first row, so that the blocks an SM holds, and the clusters of the grid, do not load
-// and compute in step.
-__device__ __forceinline__ void stagger_start(int64_t cluster_id, int64_t clusters, int stagger) {
-  if (stagger <= 0) return;
-  const int64_t at = cluster_id * 4;  // quarter q: at in [q clusters, (q + 1) clusters)
-  const int q = (at >= clusters) + (at >= 2 * clusters) + (at >= 3 * clusters);
-  const long long wait = static_cast<long long>(q) * stagger;
+// A row grid's staggered start (launch.cuh, row_stagger; not the grouped builds): the grid's first
+// `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
+// q * cycles clock cycles before its first row, so that the blocks an SM holds, and the clusters of
+// the grid, do not load and compute in step. A persistent grid's first wave is all of it; a grid of
+// a block per R rows staggers the blocks resident at its start, and its later blocks start as
+// others leave.
+struct RowStagger {
+  int cycles;  // between quarters; 0: no stagger
+  int wave;    // the clusters staggered: those numbered below it
+};
+__device__ __forceinline__ void stagger_start(int64_t cluster_id, RowStagger stagger) {
+  if (stagger.cycles <= 0 || cluster_id >= stagger.wave) return;
+  const int64_t at = cluster_id * 4;  // quarter q: at in [q wave, (q + 1) wave)
+  const int64_t wave = stagger.wave;
+  const int q = (at >= wave) + (at >= 2 * wave) + (at >= 3 * wave);
+  const long long wait = static_cast<long long>(q) * stagger.cycles;
   const long long t0 = clock64();
   while (clock64() - t0 < wait) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
@@ -233,33 +240,44 @@ struct ParamGrads {
 // threads a multiple of 32, at most 1024) of one block: thread t adds blocks t, t + threads, ...
 // (all four columns, one 16-byte load a block for fp32), then each warp's xor tree, then the
 // warps in order; so the bits depend only on `blocks` and `threads`. Every thread loads, so many
-// partials (a block per R rows) are summed in a few round trips.
-template <typename acc_t, int kUnroll>
+// partials (a block per R rows) are summed in a few round trips. kBatch: 1, a block's partial at
+// a time (the row kernels' last block: few partials); more, kBatch blocks' loads in flight at once,
+// then added in the same order, a conditional add each (the same bits; param_sum_kernel).
+template <typename acc_t>
+__device__ __forceinline__ void load_partial(const ParamGrads<acc_t>& pg, int64_t b, acc_t (&p)[4]) {
+  if constexpr (sizeof(acc_t) == 4) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
+    p[0] = v.x, p[1] = v.y, p[2] = v.z, p[3] = v.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) p[k] = __ldcg(pg.partials + b * 4 + k);
+  }
+}
+template <typename acc_t, int kBatch>
 __device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, int tid, int threads, int64_t blocks) {
   __shared__ acc_t warp_sums[32][4];
   acc_t t[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-  // kUnroll blocks' loads in flight at once (all issued, then added in order): one L2 round
-  // trip per kUnroll blocks a thread, not per block.
-  for (int64_t b0 = tid; b0 < blocks; b0 += int64_t(kUnroll) * threads) {
-    acc_t p[kUnroll][4];
+  if constexpr (kBatch == 1) {
+#pragma unroll 4
+    for (int64_t b = tid; b < blocks; b += threads) {
+      acc_t p[4];
+      load_partial(pg, b, p);
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t b = b0 + int64_t(u) * threads;
-      if (b < blocks) {
-        if constexpr (sizeof(acc_t) == 4) {
-          const float4 v = __ldcg(reinterpret_cast<const float4*>(pg.partials) + b);
-          p[u][0] = v.x, p[u][1] = v.y, p[u][2] = v.z, p[u][3] = v.w;
-        } else {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) p[u][k] = __ldcg(pg.partials + b * 4 + k);
-        }
-      }
+      for (int k = 0; k < 4; ++k) t[k] += p[k];
     }
+  } else {
+    for (int64_t b0 = tid; b0 < blocks; b0 += int64_t(kBatch) * threads) {
+      acc_t p[kBatch][4];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (b0 + int64_t(u) * threads < blocks) {  // the same order as one block at a time
+      for (int u = 0; u < kBatch; ++u) {
+        if (b0 + int64_t(u) * threads < blocks) load_partial(pg, b0 + int64_t(u) * threads, p[u]);
+      }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) t[k] += p[u][k];
+      for (int u = 0; u < kBatch; ++u) {
+        if (b0 + int64_t(u) * threads < blocks) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) t[k] += p[u][k];
+        }
       }
     }
   }
@@ -307,7 +325,7 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
   __syncthreads();
   if (!last) return;
   __threadfence();  // every other block's partial is visible to this one
-  sum_param_partials<acc_t, 4>(pg, tid, threads, int64_t(gridDim.x));
+  sum_param_partials<acc_t, 1>(pg, tid, threads, int64_t(gridDim.x));
 }
 
 // The row backward's partials summed apart (ParamGrads::apart): one block of kParamSumThreads,
@@ -316,14 +334,19 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
 // (allow_param_sum) and waits here for the row kernel to complete and its stores to be visible
 // (griddepcontrol.wait; without that launch attribute, stream order alone, and the wait returns
 // at once). No fence, no ticket. Let start when every block had started instead (the trigger
-// before the rows), it cost the persistent grids 1-2% (bench/NOTES.md v19, call 2).
+// before the rows), it cost the persistent grids 1-2% (bench/NOTES.md v19, call 2). Its loads
+// batched (8 blocks' partials in flight a thread for fp32, 49 registers; 4 for fp64, 57), not one
+// block's at a time (25 registers): PolyNorm's backward on a block per R rows 1.09-1.10 of an add
+// -> 1.07-1.08 at bf16 512-8192 (bench/NOTES.md v20, call 2; on 256 threads, no faster than
+// before). The same batching in the row kernels' last-block sum came with every PolyNorm
+// backward 5-25% slower in call 1, for a reason not found: there, one partial at a time.
 constexpr int kParamSumThreads = 1024;
 template <typename acc_t>
 __global__ void __launch_bounds__(kParamSumThreads) param_sum_kernel(ParamGrads<acc_t> pg, int64_t blocks) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
-  sum_param_partials<acc_t, sizeof(acc_t) == 4 ? 8 : 4>(pg, int(threadIdx.x), int(blockDim.x), blocks);  // fp64: 64 registers
+  sum_param_partials<acc_t, sizeof(acc_t) == 4 ? 8 : 4>(pg, int(threadIdx.x), int(blockDim.x), blocks);
 }
 
 // The row kernel's side of it: let the sum's launch start (griddepcontrol.launch_dependents;
