@@ -30,8 +30,8 @@
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads), | x and grad_y in registers (8 packs each);
 //                |                   | persistent (a block per R rows | a block per row with the last block's
 //                |                   | of full lanes where the        | sum: 1.5-1.7 of an add; summed apart
-//                |                   | partials are summed apart); or | 1.08-1.10 (v19).
-//                |                   | 2 CTAs of <= 128               |
+//                |                   | partials are summed apart); or | 1.08-1.10 (v19), 1.06-1.08 with
+//                |                   | 2 CTAs of <= 128               | the sum's loads batched (v20).
 //                |                   | where they hold no more threads| 16384: 1.10 on 2 x 128, 1.13 on 1 x 256
 //                |                   | (12288, 16384: 2 x 96, 2 x 128)| (12288: 1.12 against 1.20)
 //                | 16384 < H         | row, a cluster of 2-16 CTAs:   | 65536: 1.14 on 8 x 128, 1.19 on 4 x
@@ -45,6 +45,8 @@
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
+//   the start    | persistent grids of 8 rounds or more in four quarters (row_stagger_cycles); grids
+//                | of a block per R rows of two waves or more their first wave (row_wave_stagger_cycles)
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
