@@ -147,8 +147,9 @@ constexpr int kRowPortableCluster = 8;
 // Bench-only tuning of the row kernels (torch.ops.polynorm._tune_rows): the grid: 0 = one
 // block per R rows (the hardware schedules them), k > 0 = at most k blocks per resident slot,
 // -1 = the table's (launch_forward_row, launch_backward_row); the same-phase path of misaligned
-// rows; the CTA size past which a row is split; the largest cluster; row_packs' trim; and the
-// persistent grids' staggered start (row_stagger_cycles). Defined in polynorm.cpp.
+// rows; the CTA size past which a row is split; the largest cluster; row_packs' trim; the
+// row grids' staggered start (row_stagger_cycles, row_wave_stagger_cycles); and who sums the
+// backward's partials (row_sum_apart). Defined in polynorm.cpp.
 struct RowTuning {
   int grid_waves;
   bool same_phase;  // misaligned rows that start alike in every tensor: the same-phase path
@@ -178,19 +179,21 @@ constexpr int kRowStaggerCycles = 1500;
 constexpr int64_t kRowStaggerRounds = 8;
 inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }
 
-// A grid of a block per R rows (one-CTA rows: the forward's, the fused forward's to 128 threads, the
-// backward's rows summed apart) staggers its first wave, the blocks resident at its start, in four
+// A grid of a block per R rows (one-CTA rows: PolyNorm's forward, the fused forward's to 128
+// threads, PolyNorm's backward rows of full lanes summed apart) staggers its first wave, the blocks resident at its start, in four
 // quarters kRowWaveStaggerCycles apart, when it holds at least kRowWaveStaggerWaves such waves; its
 // later blocks start as others leave, out of step already. Measured on an H200 (bench/NOTES.md
 // v20, h200-2026-12-03/call2, bf16, kernel over its floor, against no stagger in the same run):
 // the forward at M·H = 2^25 (about 4 waves) 4096 / 16384 1.092 / 1.114 -> 1.068 / 1.083 of a
 // copy; at 2^26 1.000-1.014 faster at 512-2048 and 16384, 1.006 slower at 4096 / 8192 (the
 // spread); the fused forward 4096 / 8192 1.057 / 1.052 -> 1.029 / 1.022 of an add; the backward
-// 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower.
+// 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower. The
+// threshold of two waves was not measured apart (call 2 staggered every such grid; its shapes
+// held about 4 and 8 waves): it keeps the seed shapes' grids of less than a wave as they were.
 constexpr int kRowWaveStaggerCycles = 750;
 constexpr int64_t kRowWaveStaggerWaves = 2;
-inline int row_wave_stagger_cycles(int64_t blocks, int64_t wave) {
-  return blocks >= kRowWaveStaggerWaves * wave ? kRowWaveStaggerCycles : 0;
+inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave) {
+  return clusters >= kRowWaveStaggerWaves * wave ? kRowWaveStaggerCycles : 0;
 }
 
 // The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid

@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     int64_t H,
     int G,
     int C,                                               // CTAs a row (a cluster of C, R = 1), or 1
-    RowStagger stagger) {                                 // the first wave's start in quarters (grouped: unused)
+    RowStagger stagger) {                                // the start in quarters (reduce.cuh; grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][4];

@@ -81,9 +81,9 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // A row grid's staggered start (launch.cuh, row_stagger; not the grouped builds): the grid's first
 // `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
 // q * cycles clock cycles before its first row, so that the blocks an SM holds, and the clusters of
-// the grid, do not load and compute in step. A persistent grid's first wave is all of it; a grid of
-// a block per R rows staggers the blocks resident at its start, and its later blocks start as
-// others leave.
+// the grid, do not load and compute in step. A persistent grid (or any of waves > 0, _tune_rows)
+// staggers every cluster; a grid of a block per R rows the blocks resident at its start, and its
+// later blocks start as others leave.
 struct RowStagger {
   int cycles;  // between quarters; 0: no stagger
   int wave;    // the clusters staggered: those numbered below it
@@ -337,7 +337,7 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
 // before the rows), it cost the persistent grids 1-2% (bench/NOTES.md v19, call 2). Its loads
 // batched (8 blocks' partials in flight a thread for fp32, 49 registers; 4 for fp64, 57), not one
 // block's at a time (25 registers): PolyNorm's backward on a block per R rows 1.09-1.10 of an add
-// -> 1.07-1.08 at bf16 512-8192 (bench/NOTES.md v20, call 2; on 256 threads, no faster than
+// -> 1.06-1.08 at bf16 512-8192 (bench/NOTES.md v20, call 2; on 256 threads, no faster than
 // before). The same batching in the row kernels' last-block sum came with every PolyNorm
 // backward 5-25% slower in call 1, for a reason not found: there, one partial at a time.
 constexpr int kParamSumThreads = 1024;
