@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Eighteenth session, call 5 (issue 13; bench/NOTES.md v20, plan item 1): the forward's fixed cost
-# against the last wave's fill (exp_waves.py), the long rows' table (not timed since v18), and an
+# against the last wave's fill (exp_waves.py), the long rows' table (not timed since v18), the fused
+# forward at 16384 on two CTAs of 128, and an
 # attempt at ncu's PmSampling (DRAM throughput over time) of the forward and the copy at 4096.
 # Run from the repo root as: OUT=$OUT bash bench/results/h200-2026-12-03/call5.sh
 set -uo pipefail
@@ -15,7 +16,11 @@ gzip -f "$OUT/build.log"
 stamp build
 timeout 60 python3 bench/results/h200-2026-12-03/exp_waves.py 2>&1 | tee "$OUT/exp_waves.log"
 stamp waves
-timeout 30 python3 bench/tune_rows.py --table-only --aligned-only --H 131072 262144 2>&1 | tee "$OUT/tune_long.log"
+{
+  timeout 30 python3 bench/tune_rows.py --table-only --aligned-only --H 131072 262144
+  # the fused forward at 16384 (1.10: one CTA of 256, persistent) against two CTAs of 128 (--cta 128)
+  timeout 30 python3 bench/tune_rows.py --op poly_norm_mul --table-only --aligned-only --cta 128 --H 16384 131072
+} 2>&1 | tee "$OUT/tune_long.log"
 stamp long
 timeout 40 ncu --clock-control none --section PmSampling -k regex:"fwd_row_kernel|vectorized_elementwise" -c 2 \
   python3 bench/profile_rows.py 4096 > "$OUT/ncu_pm4096.txt" 2>&1; echo "ncu rc=$?"
