@@ -450,23 +450,26 @@ EPS_FORMS = {
 }
 
 
-def compare_compiled_eps(run, fn, compiled, form: str, exact_first: bool) -> list:
+def compare_compiled_eps(run, fn, compiled, form: str, exact_first: bool, check) -> list:
     """For eps = 1e-3 and then 0.5 in ``form`` (a second value: a tensor eps is a graph input
     whose new value must be used), ``run(f, eps)`` gives a dataclass of outputs, the op's own
-    output first. Eager with the form equals eager with its float; the compiled outputs match
-    eager's, the first one bitwise when ``exact_first`` (the kernel backends). Returns
-    ``[(eps, compiled outputs)]``."""
+    output first. Eager with the form equals eager with its float; the compiled outputs meet
+    the float64 oracle at that eps (``check(outputs, eps, what)``: check_against_oracle or
+    check_against_oracle_mul, dtype-derived tolerances), the first one bitwise eager's when
+    ``exact_first`` (the kernel backends). The compiled reference is Inductor's code for the
+    eager formula: its sums (dw, db) run in another order than eager's, so it is held to the
+    oracle, not to eager's bits or to assert_close's defaults (float32 dw differed from eager by
+    2.7e-6 relative over 960 terms, torch 2.14 on the CPU). Returns ``[(eps, compiled outputs)]``."""
     results = []
     for value in (1e-3, 0.5):
         eps = EPS_FORMS[form](value)
         eager, comp = run(fn, eps), run(compiled, eps)
         names = [f.name for f in dataclasses.fields(eager)]
         assert torch.equal(getattr(eager, names[0]), getattr(run(fn, float(eps)), names[0]))  # the form holds its float
-        for name in names:
-            got, exp = getattr(comp, name), getattr(eager, name)
-            if exact_first and name == names[0]:
-                assert torch.equal(got, exp), f"eps={eps!r}: {name} differs from eager"
-            torch.testing.assert_close(got, exp, msg=lambda m: f"eps={eps!r} {name}: {m}")
+        if exact_first:
+            first = names[0]
+            assert torch.equal(getattr(comp, first), getattr(eager, first)), f"eps={eps!r}: {first} differs from eager"
+        check(comp, value, f"compiled, eps={eps!r}")
         results.append((eps, comp))
     return results
 

@@ -895,8 +895,9 @@ def test_compile_eps_forms(device, backend, compiler, form):
 
     compile_backend = _compile_backend(compiler)
     compiled = torch.compile(fn, backend=compile_backend, fullgraph=True)
-    for eps, comp in compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference"):
-        check_grouped(comp, x, g, w, b, counts, eps=float(eps), what=f"compiled {device} {backend} eps={eps!r}")
+    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference",
+                         check=lambda out, eps, what: check_grouped(out, x, g, w, b, counts, eps=eps,
+                                                                    what=f"{device} {backend} {what}"))
     if compiler == "aot_eager" and form != "float":
         targets = {str(node.target) for gm in compile_backend.fw_graphs for node in gm.graph.nodes}
         assert TENSOR_EPS_OPS[backend] in targets, sorted(targets)

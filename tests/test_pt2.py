@@ -38,6 +38,7 @@ from _matrix import (
     Grads,
     MulGrads,
     check_against_oracle,
+    check_against_oracle_mul,
     compare_compiled_eps,
     make_params,
     make_rows,
@@ -212,7 +213,8 @@ def test_compile_eps_forms(device, backend, form):
         return Grads(y.detach(), *torch.autograd.grad(y, args, g))
 
     compiled = torch.compile(fn, fullgraph=True)
-    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference")
+    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference",
+                         check=lambda out, eps, what: check_against_oracle(out, x, g, w, b, eps, what))
 
 
 @pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
@@ -730,8 +732,6 @@ def test_compile_fused_mul_matches_eager(device, backend):
     # FusedMulPolyNorm alone, bf16 x and mul (4-D, strided rows) with fp32 parameters: one
     # graph, the same kernel as eager (out bitwise), gradients within tolerance and against
     # the float64 oracle.
-    from _matrix import MulGrads, check_against_oracle_mul
-
     gen = _gen("compile_mul", device, backend)
     x, mul, g = (make_rows(3, H, torch.bfloat16, device, "4d", gen) for _ in range(3))  # (2, 3, 2, H)
     w, b = make_params(torch.float32, device, gen)
@@ -799,7 +799,8 @@ def test_compile_mul_eps_forms(device, backend, form):
         return MulGrads(out.detach(), *torch.autograd.grad(out, args, g))
 
     compiled = torch.compile(fn, fullgraph=True)
-    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference")
+    compare_compiled_eps(run, fn, compiled, form, exact_first=backend != "reference",
+                         check=lambda out, eps, what: check_against_oracle_mul(out, x, mul, g, w, b, eps, what))
 
 
 @pytest.mark.parametrize("form", ["numpy.float64", "tensor-0d"])
