@@ -26,3 +26,9 @@ timeout 40 ncu --clock-control none --section PmSampling -k regex:"fwd_row_kerne
   python3 bench/profile_rows.py 4096 > "$OUT/ncu_pm4096.txt" 2>&1; echo "ncu rc=$?"
 gzip -f "$OUT/ncu_pm4096.txt"
 stamp ncu
+# The tests changed after call 4 (not yet run on a GPU): the compiled eps forms held to the oracle,
+# the SASS load-order check (on the device's own build).
+timeout -s INT 200 python3 -m pytest tests/test_pt2.py tests/test_grouped.py tests/test_sass_load_order.py -q \
+  -p no:cacheprovider -n 16 -k "eps_forms or sass" > "$OUT/tests.log" 2>&1
+echo "pytest rc=$?"; tail -2 "$OUT/tests.log"
+stamp tests
