@@ -68,5 +68,7 @@ def test_row_kernels_issue_their_loads_first():
     if listing.returncode != 0 or "sm_" not in listing.stdout:
         pytest.skip("the extension was built without CUDA objects")
     checked, problems = sass.check([binary])
-    assert checked >= 20, f"only {checked} aligned row kernels found in {binary}"
+    if checked == 0:
+        pytest.skip(f"the extension has no {sass.ARCH} code (TORCH_CUDA_ARCH_LIST without 9.0)")
+    assert checked >= 20, f"only {checked} aligned {sass.ARCH} row kernels found in {binary}"
     assert not problems, "\n".join(problems)
