@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Nineteenth session, call 1 (issue 13; bench/NOTES.md v21): the eighteenth session's call 5 (never
 # run), plus free tunings (tune_rows, no rebuild) of the stagger at 32768 / 65536 and of the odd-H
-# backward's grids. Call 5's part: the forward's fixed cost against the last wave's fill (exp_waves.py), the long rows' table (not timed since v18), the fused
+# backward's grids, and odd rows at other pack counts (exp_packs.py) on the experiment build
+# (call1_experiment.patch on the commit of this script, applied in the tree the call ran). Call 5's part: the forward's fixed cost against the last wave's fill (exp_waves.py), the long rows' table (not timed since v18), the fused
 # forward at 16384 on two CTAs of 128, and an
 # attempt at ncu's PmSampling (DRAM throughput over time) of the forward and the copy at 4096.
 # Run from the repo root as: OUT=$OUT bash bench/results/h200-2026-12-03b/call1.sh
@@ -15,6 +16,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv | tee "$OUT/gpu.txt"
 MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; echo "build rc=$?"
 gzip -f "$OUT/build.log"
 stamp build
+timeout 150 python3 bench/results/h200-2026-12-03b/exp_packs.py 2>&1 | tee "$OUT/exp_packs.log"
+stamp packs
 timeout 60 python3 bench/results/h200-2026-12-03/exp_waves.py 2>&1 | tee "$OUT/exp_waves.log"
 stamp waves
 {
@@ -28,13 +31,3 @@ stamp waves
   timeout 60 python3 bench/tune_rows.py --aligned-only --stagger 1500 --H 5125 16385
 } 2>&1 | tee "$OUT/tune_long.log"
 stamp long
-timeout 40 ncu --clock-control none --section PmSampling -k regex:"fwd_row_kernel|vectorized_elementwise" -c 2 \
-  python3 bench/profile_rows.py 4096 > "$OUT/ncu_pm4096.txt" 2>&1; echo "ncu rc=$?"
-gzip -f "$OUT/ncu_pm4096.txt"
-stamp ncu
-# The tests changed after call 4 (not yet run on a GPU): the compiled eps forms held to the oracle,
-# the SASS load-order check (on the device's own build).
-timeout -s INT 200 python3 -m pytest tests/test_pt2.py tests/test_grouped.py tests/test_sass_load_order.py -q \
-  -p no:cacheprovider -n 16 -k "eps_forms or sass" > "$OUT/tests.log" 2>&1
-echo "pytest rc=$?"; tail -2 "$OUT/tests.log"
-stamp tests
