@@ -7,8 +7,9 @@
 //
 // Every row takes the wide builds (below) but PolyNorm's forward of 2-byte rows not of whole
 // 16-byte packs ("odd H": H * element size not a multiple of 16, bf16 H not a multiple of 8),
-// which takes the narrow build (row_packs says why). Odd rows whose last warp would be half idle
-// hold one pack fewer (every op but mul_backward: row_packs):
+// which takes the narrow build (row_packs says why), and the fused forward's rows of whole packs
+// that would leave a quarter of their slots idle (4 packs). Odd rows whose last warp would be half
+// idle hold one pack fewer (every op but mul_backward: row_packs):
 //
 //   direction    | rows (bf16)       | kernel                         | why
 //   -------------+-------------------+--------------------------------+-------------------------------------
@@ -39,7 +40,8 @@
 //                |                   | above, else of <= 256          | tiled 1.83
 //                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows of one CTA past 128 threads
-//                | <= 262144, beyond | and mul                        | (H > 8192) on a persistent grid
+//                | <= 262144, beyond | and mul; 4 (narrow) for rows of| (H > 8192) on a persistent grid;
+//                |                   | whole packs a quarter idle at 8| 3000: 1.04 at 4, 1.11 at 8 (v21)
 //   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout
 //                | <= 131072, beyond | grad_out and mul               |
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
@@ -190,10 +192,16 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 // 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower. The
 // threshold of two waves was not measured apart (call 2 staggered every such grid; its shapes
 // held about 4 and 8 waves): it keeps the seed shapes' grids of less than a wave as they were.
+// Blocks of more than kRowMinThreads threads (PolyNorm's forward at bf16 16385-32768: one CTA of
+// 256, two an SM) wait kRowWideWaveStaggerCycles between quarters: at 32768 (v21,
+// h200-2026-12-03b/call1/tune_long.log, `--stagger`) 750 / 1500 / 3000 cycles read 1.109 / 1.099 /
+// 1.083 of a copy.
 constexpr int kRowWaveStaggerCycles = 750;
+constexpr int kRowWideWaveStaggerCycles = 3000;
 constexpr int64_t kRowWaveStaggerWaves = 2;
-inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave) {
-  return clusters >= kRowWaveStaggerWaves * wave ? kRowWaveStaggerCycles : 0;
+inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads) {
+  if (clusters < kRowWaveStaggerWaves * wave) return 0;
+  return threads > kRowMinThreads ? kRowWideWaveStaggerCycles : kRowWaveStaggerCycles;
 }
 
 // The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid
@@ -363,9 +371,25 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // 1.16 -> 1.12 of an add; fp32 backward 1.22 -> 1.17; the fp32 forward unchanged). The choice depends on the op, H and the element size only
 // (never on clusters or M), like every row's packs; `trim` false (a bench's A/B, _tune_rows'
 // trim_packs) gives the count without it.
+//
+// The fused forward's rows of whole packs, of more than a warp, that leave more than a quarter of
+// their slots idle at its 8 packs take 4 (a narrow build: 80 registers, the realigning build, on rows that need no
+// realignment) where that takes fewer slots on at most 256 threads: bf16 H = 3000 (375 packs) on 64
+// lanes of 8 holds 512 slots, 27% idle, on 96 of 4 384. Measured on an H200 (bench/NOTES.md v21,
+// h200-2026-12-03b/call1/exp_packs.log, bf16 at M·H = 2^26, over an add in one run): 3000 1.106 ->
+// 1.038 (6 packs on 64 lanes: 1.049). Not taken where it was slower in that run: odd rows (3001,
+// same-phase, 7 packs 1.133 against 4 packs 1.152; 5125 1.112 against 1.317), PolyNorm's backward
+// at 4 or 5 packs (80 registers: 1.2-1.7 at 3000-6001) and the fused backward at 3 (1.16-1.59
+// against 1.04-1.37). `trim` false: the wide count here too.
 inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool trim = true) {
   const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
-  if (whole_packs(H, elem_size)) return wide;
+  if (whole_packs(H, elem_size)) {
+    if (!trim || !mul || backward) return wide;
+    const int64_t slots = slot_packs(H, elem_size), half = wide / 2;
+    const int64_t at = row_lanes((slots + wide - 1) / wide), halved = row_lanes((slots + half - 1) / half);
+    return at > 32 && 4 * slots < 3 * at * wide && halved <= kRowWideThreads && halved * half < at * wide ? int(half)
+                                                                                                      : wide;
+  }
   const int packs = std::min(wide, 4 * elem_size);
   if (!trim || (backward && mul)) return packs;  // 3 packs each of three tensors would not be a wide build
   const int64_t slots = slot_packs(H, elem_size);

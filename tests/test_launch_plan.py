@@ -63,9 +63,18 @@ def lanes(need: int) -> int:
 def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
     """Packs a thread: the wide count, at most 64 elements (4 x the element size in packs) for odd
     rows; odd rows of more than a warp (every op but mul_backward) one fewer where that takes
-    fewer slots on at most 256 threads (launch_plan.h's row_packs)."""
+    fewer slots on at most 256 threads; the fused forward's rows of whole packs, of more than a
+    warp, half the wide count where more than a quarter of their slots would idle (launch_plan.h's
+    row_packs)."""
     if H * elem_size(dtype) % 16 == 0:
-        return PACKS[op]
+        if op != "mul_forward":
+            return PACKS[op]
+        # The fused forward: half as many where its lanes at 8, more than a warp, leave more than a
+        # quarter of their slots idle and 4 take fewer slots on at most 256 threads.
+        slots, wide = slot_packs(dtype, H), PACKS[op]
+        at, halved = lanes(-(-slots // wide)), lanes(-(-slots // (wide // 2)))
+        idle = at > 32 and 4 * slots < 3 * at * wide
+        return wide // 2 if idle and halved <= 256 and halved * (wide // 2) < at * wide else wide
     packs = min(PACKS[op], 4 * elem_size(dtype))
     if op == "mul_backward":
         return packs
@@ -373,6 +382,29 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
                 assert (f["packs"], f["G"] * f["cluster"]) == expected[(dtype, op)][H], (op, dtype, H, f)
 
 
+def test_fused_forward_halves_the_packs_of_rows_a_quarter_idle():
+    # bf16 H = 3000 (375 whole packs): 8 packs a thread on 64 lanes hold 512 slots, 27% idle; 4 on
+    # 96 lanes hold 384 (launch_plan.h, row_packs; bench/NOTES.md v21). fp32 1500 and bf16 2304 alike;
+    # 3072 (384 packs: a quarter idle at 8, not more), the powers of two and rows of a warp or less
+    # (bf16 H = 8: 1 pack) keep 8, odd 3001 its
+    # pack fewer; the other ops keep their counts; untrimmed (_tune_rows), 8. (packs, G.)
+    expected = {(torch.bfloat16, 3000): (4, 96), (torch.float16, 3000): (4, 96), (torch.float32, 1500): (4, 96),
+                (torch.bfloat16, 2304): (4, 96), (torch.bfloat16, 3072): (8, 64), (torch.bfloat16, 4096): (8, 64),
+                (torch.float32, 3000): (8, 96), (torch.bfloat16, 3001): (7, 64), (torch.bfloat16, 8): (8, 1),
+                (torch.bfloat16, 1280): (8, 32)}
+    for (dtype, H), packs_g in expected.items():
+        f = fields(plan("mul_forward", H, dtype))
+        assert (f["packs"], f["G"], f["cluster"]) == (*packs_g, 1), (dtype, H, f)
+    for op in ("forward", "backward", "mul_backward"):
+        assert fields(plan(op, 3000, torch.bfloat16))["packs"] == PACKS[op], op
+    tune = torch.ops.polynorm._tune_rows
+    try:
+        tune(trim_packs=False)
+        assert fields(plan("mul_forward", 3000, torch.bfloat16))["packs"] == 8
+    finally:
+        tune()
+
+
 def test_a_pack_fewer_only_where_it_takes_fewer_slots():
     # Over a range of H: a pack fewer never takes more slots, and is taken wherever the rule
     # (packs_of) says so; such rows fit 256 threads (one CTA, or a cluster of two in the backward).
@@ -481,7 +513,7 @@ def test_mul_ops_forced_families(op, kind):
 #   the row build that does not realign x, with element-wise loads of mul (and the reverse);
 # - H = 40000, past every row build's budget: the tiled build with misaligned inputs.
 MUL_LAYOUT_CASES = [
-    *[(H, layout, layout, layout) for H in (1, 127, 769, 5125) for layout in ("contiguous", "misaligned")],
+    *[(H, layout, layout, layout) for H in (1, 127, 769, 3000, 5125) for layout in ("contiguous", "misaligned")],
     (4096, "contiguous", "misaligned", "contiguous"),
     (4096, "contiguous", "misaligned", "misaligned"),
     (4096, "misaligned", "contiguous", "contiguous"),

@@ -63,9 +63,11 @@ def _case(device, backend, M, H, dtype, x_layout, mul_layout=None, g_layout=None
 
 # ------------------------------------------------------------------ parity: the matrix
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H", [1, 2, 3, 8, 127, 769, 5125])
+@pytest.mark.parametrize("H", [1, 2, 3, 8, 127, 769, 1500, 3000, 5125])
 @pytest.mark.parametrize("device,backend", BACKENDS)
 def test_contiguous_small(device, backend, H, dtype):
+    # 3000 (2-byte) and 1500 (fp32): 375 whole packs, which the CUDA forward holds at 4 packs a
+    # thread on 96 lanes (launch_plan.h, row_packs: 8 would leave 27% of its slots idle).
     _case(device, backend, 7, H, dtype, "contiguous")
 
 
@@ -157,6 +159,32 @@ def test_empty(device, backend, dtype):
 @pytest.mark.parametrize("H", [769, 4096])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("device,backend", BACKENDS)
+def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
+    M, H = t.shape
+    view = torch.empty(M * H + shift, dtype=t.dtype, device=t.device)[shift:].view(M, H)
+    view.copy_(t)
+    assert view.data_ptr() % 16 != 0
+    return view
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 5125])
+def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H):
+    # The same rows, aligned and one element into a buffer (x, mul and grad_out each): the row
+    # kernels realign what they load, and a row's packs and lanes depend on H and the dtype only,
+    # so out, dx, dmul, dw and db are bitwise the same. bf16 3000 / fp32 1500: the forward's 4-pack
+    # rows (launch_plan.h, row_packs), aligned ones on the realigning build.
+    gen = torch.Generator().manual_seed(seed_for("mul-misaligned-bits", dtype, H))
+    x, mul, g = (make_rows(67, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
+    w, b = make_params(torch.float32, "cuda", gen)
+    aligned = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    moved = run_backend_mul("cuda", _misaligned_view(x, 1), _misaligned_view(mul, 1), _misaligned_view(g, 1), w, b, 1e-6)
+    for name in ("out", "dx", "dmul", "dw", "db"):
+        assert torch.equal(getattr(aligned, name), getattr(moved, name)), name
+    check_against_oracle_mul(aligned, x, mul, g, w, b, 1e-6, what=f"H={H} {dtype}")
+
+
 def test_y_never_rounded_before_the_multiply(device, backend, dtype, H):
     # Issue 15: a public fork rounded PolyNorm's y to bf16 before the multiply and lost
     # parity. Rounding y first (here: poly_norm, then torch.mul, whose backward rounds

@@ -103,10 +103,12 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 //   same-phase rows (odd H in contiguous tensors). Blocks of up to 256 threads, up to 128
 //   registers a thread. Builds of one pack fewer for half-idle odd rows (row_packs): the
 //   backward's 7 packs, the fused forward's 7, the 4- and 8-byte forward's 15.
-// - narrow (PolyNorm's forward of 2-byte rows not of whole packs): realigned or same-phase
-//   rows, in blocks of up to 256 threads (80 registers) or, kLarge (8 packs), 1024 (64
-//   registers); the 7-pack build holds rows of at most 256 threads (row_packs), so it has no
-//   1024-thread build.
+// - narrow (PolyNorm's forward of 2-byte rows not of whole packs; the fused forward's 4-pack
+//   rows): realigned or same-phase rows, in blocks of up to 256 threads (80 registers) or,
+//   kLarge (PolyNorm's 8 packs), 1024 (64 registers); the 7-pack build holds rows of at most 256
+//   threads (row_packs), so it has no 1024-thread build, nor has the fused 4-pack build. Rows of
+//   whole packs on a narrow build (the fused 4-pack rows) take its realigning build, realigning
+//   nothing where they are aligned.
 template <template <int, int> class Build, bool kWide, bool kLarge = !kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
@@ -360,7 +362,7 @@ RowStagger row_stagger(Kernel kernel, const RowPlan& plan, int64_t M, int64_t gr
   const int tuned = row_tuning().stagger;
   const int cycles = tuned >= 0 ? tuned
                      : waves > 0 ? row_stagger_cycles((row_groups(plan, M) + clusters - 1) / clusters)
-                                 : row_wave_stagger_cycles(clusters, wave);
+                                 : row_wave_stagger_cycles(clusters, wave, plan.threads);
   return RowStagger{cycles, static_cast<int>(std::min<int64_t>(wave, INT32_MAX))};
 }
 
@@ -680,6 +682,11 @@ void launch_forward(const Rows& rows, const Rows* mul_rows, const at::Tensor& we
         } else {
           // One pack fewer on the wide build: every other op's and dtype's half-idle odd rows.
           if (lp.packs == kPacks - 1) return launch(std::integral_constant<int, kPacks - 1>{});
+          // Half (narrow): the fused forward's rows of whole packs with a quarter of their slots
+          // idle at the wide count (row_packs).
+          if constexpr (kMul) {
+            if (lp.packs == kPacks / 2) return launch(std::integral_constant<int, kPacks / 2>{});
+          }
         }
         TORCH_INTERNAL_ASSERT(lp.packs == kPacks, "polynorm: no forward build of ", num(lp.packs), " packs");
         return launch(std::integral_constant<int, kPacks>{});

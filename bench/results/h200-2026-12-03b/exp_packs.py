@@ -37,7 +37,7 @@ def oracle(x, mul, g, w, b):
     ms = mul[:64].double().requires_grad_()
     y = reference(xs, w.double(), b.double(), EPS, compute_dtype=torch.float64)
     out = y * ms
-    gx, gm = torch.autograd.grad(out, (xs, ms), g[:64].double())
+    gx, gm = torch.autograd.grad(out, (xs, ms), g[:64].double(), retain_graph=True)
     gx_plain = torch.autograd.grad(y, xs, g[:64].double())[0]
     return out.detach(), gx, gm, gx_plain
 
