@@ -39,9 +39,12 @@
 //                |   <= 262144       | of <= 128 threads (up to 8) as | 256; 262144 on 16: 1.43 of an add,
 //                |                   | above, else of <= 256          | tiled 1.83
 //                | H > 262144        | tiled                          |
-//   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows of one CTA past 128 threads
-//                | <= 262144, beyond | and mul; 4 (narrow) for rows of| (H > 8192) on a persistent grid;
-//                |                   | whole packs a quarter idle at 8| 3000: 1.04 at 4, 1.11 at 8 (v21)
+//   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows past 128 threads on two CTAs
+//                | <= 262144, beyond | and mul; 4 (narrow) for rows of| of <= 128 where they hold no more
+//                |                   | whole packs a quarter idle at 8| threads (16384: 1.06 on 2 x 128,
+//                |                   |                                | 1.09 on 1 x 256, v21), else one;
+//                |                   |                                | past 128 threads persistent; 3000:
+//                |                   |                                | 1.04 at 4 packs, 1.11 at 8 (v21)
 //   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout
 //                | <= 131072, beyond | grad_out and mul               |
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
@@ -114,7 +117,7 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // wide builds: kRowWideThreads) or kRowBwdSplit (backward, mul_backward) is split over a
 // cluster of CTAs of at most kRowClusterCtaThreads threads (the wide builds: kRowWideThreads),
 // up to kRowMaxCluster CTAs. First, though, a row that needs more threads than the forward's
-// split or than kRowBwdSmallSplit (backward) takes the fewest CTAs of kRowSmallCtaThreads that
+// split or than kRowBwdSmallSplit (backward; kRowMulFwdSmallSplit, the fused forward) takes the fewest CTAs of kRowSmallCtaThreads that
 // hold it, up to kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them, where
 // they hold no more threads than the other plan (row_plan). Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
 // bf16, against the CTAs of 256 of before in the same run): the forward at 65536 / 131072 /
@@ -139,6 +142,11 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 constexpr int kRowFwdSplit = 512;
 constexpr int kRowBwdSplit = 256;
 constexpr int kRowBwdSmallSplit = 128;
+// The fused forward's first tier starts past 128 threads too (bf16 16384: two CTAs of 128, not one
+// of 256; measured on an H200, bench/NOTES.md v21, h200-2026-12-03b/call1/tune_long.log, bf16 at
+// M·H = 2^26: 1.064 of an add against 1.092). PolyNorm's forward keeps one CTA up to 256 threads
+// (32768: 1.116 on one CTA of 256, 1.125 on two of 128, the same run).
+constexpr int kRowMulFwdSmallSplit = 128;
 constexpr int kRowSmallCtaThreads = 128;
 constexpr int kRowFwdSmallCluster = 16;
 constexpr int kRowBwdSmallCluster = 8;
@@ -345,7 +353,8 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
   const int cap = wide_build(backward, mul, packs_per_thread) ? kRowWideThreads : kRowMaxThreads;
   const int split = std::min(row_split_threads(backward), cap);
   return row_plan(H, elem_size, packs_per_thread, split, std::min(row_cta_threads(), cap), row_max_cluster(clusters),
-                  cap, backward ? kRowBwdSmallSplit : split, row_small_cluster(backward));
+                  cap, backward ? kRowBwdSmallSplit : mul ? std::min(split, kRowMulFwdSmallSplit) : split,
+                  row_small_cluster(backward));
 }
 
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not

@@ -139,6 +139,23 @@ def test_the_fused_ops_long_rows():
     check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H}")
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("H", [12288, 16384])
+def test_the_fused_forwards_rows_of_two_ctas(dtype, H):
+    # The table's fused forward past 128 threads: two CTAs of at most 128 where they hold no more
+    # threads than one (bf16 12288 / 16384: 2 x 96 / 2 x 128; fp32, half the elements a pack, past
+    # 256 threads: 4 x 96 / 4 x 128), in a batch of rows that the persistent grid walks in several
+    # rounds, against the oracle.
+    text = torch.ops.polynorm._launch_plan("mul_forward", H, dtype)
+    cluster, G = (int(text.split(f"{k}=")[1].split()[0]) for k in ("cluster", "G"))
+    assert (cluster, G) == ((2 if dtype == torch.bfloat16 else 4), H // 128 if H == 12288 else 128), text
+    gen = torch.Generator().manual_seed(seed_for("clusters-mul-two", dtype, H))
+    x, mul, g = (make_rows(1500, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} {dtype}")
+
+
 @pytest.mark.parametrize("H,cta,cluster", [(8192, 64, 16), (5125, 64, 16)])
 def test_grouped_on_clusters(clusters, H, cta, cluster):
     # Per-expert parameters on clusters, an empty expert and rows of no expert included:

@@ -37,6 +37,7 @@ WIDE = (256, 256, 256)  # kRowWideThreads
 NARROW = (1024, 512, 512)  # the narrow forward: kRowMaxThreads, kRowFwdSplit, kRowClusterCtaThreads
 SMALL_CTA = 128  # kRowSmallCtaThreads
 SMALL_SPLIT_BWD = 128  # kRowBwdSmallSplit
+SMALL_SPLIT_MUL_FWD = 128  # kRowMulFwdSmallSplit
 SMALL_CLUSTER = {"forward": 16, "backward": 8}  # kRowFwdSmallCluster, kRowBwdSmallCluster
 MAX_CLUSTER = 16  # kRowMaxCluster (past 8, where the device places it: else the launcher goes tiled)
 HAS_CLUSTERS = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
@@ -105,7 +106,8 @@ def cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool = True):
             C *= 2
         per_cta = -(-(-(-need // C)) // 32) * 32
         one_tier = (C, per_cta) if per_cta <= cta_threads else None
-    small_split = SMALL_SPLIT_BWD if direction(op) == "backward" else split
+    small_split = (SMALL_SPLIT_BWD if direction(op) == "backward" else
+                   min(split, SMALL_SPLIT_MUL_FWD) if op == "mul_forward" else split)
     if not clusters or lanes(need) <= small_split:
         return one_tier
     C = 2
@@ -222,14 +224,14 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
 
 
 # csrc/launch_plan.h's table, bf16 rows of whole packs (fp32 rows hold half as many elements,
-# fp64 a quarter): (op, a row of one CTA, the next longer row of whole warps (one CTA, or a
-# cluster of 2 of 128 in the backward), the shortest and the longest row on CTAs of 128, the
+# fp64 a quarter): (op, a row of one CTA, the next longer row of whole warps (one CTA of 160:
+# fewer threads than two of 96, in the backward and the fused forward), the shortest and the longest row on CTAs of 128, the
 # longest row of a cluster, the longest of one CTA without clusters). Past the last rows the
 # table gives, the tiled kernels.
 TABLE_BF16 = [
     ("forward", 32768, 32768, 65536, 262144, 524288, 32768),
     ("backward", 8192, 9216, 12288, 65536, 262144, 16384),
-    ("mul_forward", 16384, 16384, 32768, 131072, 262144, 16384),
+    ("mul_forward", 8192, 9216, 12288, 131072, 262144, 16384),
     ("mul_backward", 4096, 4608, 6144, 32768, 131072, 8192),
 ]
 
@@ -248,9 +250,10 @@ def test_the_tables_boundaries(op, one_cta, longer, first_small, small, cluster,
 
         vec = 16 // elem_size(dtype)  # the next row of whole packs
         assert kind(one_cta) == "rowx1" and kind(longer) == "rowx1", (op, dtype)
-        # The first rows on CTAs of at most 128 threads: 2 x 96 in the backward, 4 x 128 forward.
+        # The first rows on CTAs of at most 128 threads: 2 x 96 in the backward and the fused
+        # forward, 4 x 128 in PolyNorm's forward.
         first = fields(plan(op, first_small, dtype, out_misaligned=misaligned))
-        expected = (2, 96) if direction(op) == "backward" else (4, 128)
+        expected = (2, 96) if direction(op) == "backward" or op == "mul_forward" else (4, 128)
         assert (first["cluster"], first["G"]) == expected, (op, dtype, first)
         C = SMALL_CLUSTER[direction(op)]
         assert fields(plan(op, small, dtype))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
