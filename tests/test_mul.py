@@ -156,9 +156,6 @@ def test_empty(device, backend, dtype):
 
 
 # ------------------------------------------------------------------------- numerics
-@pytest.mark.parametrize("H", [769, 4096])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("device,backend", BACKENDS)
 def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
     M, H = t.shape
     view = torch.empty(M * H + shift, dtype=t.dtype, device=t.device)[shift:].view(M, H)
@@ -185,6 +182,9 @@ def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H):
     check_against_oracle_mul(aligned, x, mul, g, w, b, 1e-6, what=f"H={H} {dtype}")
 
 
+@pytest.mark.parametrize("H", [769, 4096])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("device,backend", BACKENDS)
 def test_y_never_rounded_before_the_multiply(device, backend, dtype, H):
     # Issue 15: a public fork rounded PolyNorm's y to bf16 before the multiply and lost
     # parity. Rounding y first (here: poly_norm, then torch.mul, whose backward rounds
