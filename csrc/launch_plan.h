@@ -117,8 +117,8 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // wide builds: kRowWideThreads) or kRowBwdSplit (backward, mul_backward) is split over a
 // cluster of CTAs of at most kRowClusterCtaThreads threads (the wide builds: kRowWideThreads),
 // up to kRowMaxCluster CTAs. First, though, a row that needs more threads than the forward's
-// split or than kRowBwdSmallSplit (backward; kRowMulFwdSmallSplit, the fused forward) takes the fewest CTAs of kRowSmallCtaThreads that
-// hold it, up to kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them, where
+// split or than kRowBwdSmallSplit (backward; kRowMulFwdSmallSplit, the fused forward) takes the
+// fewest CTAs of kRowSmallCtaThreads that hold it, up to kRowFwdSmallCluster (forward) or kRowBwdSmallCluster (backward) of them, where
 // they hold no more threads than the other plan (row_plan). Measured on an H200 (bench/NOTES.md v16, h200-2026-12-02c/call1,
 // bf16, against the CTAs of 256 of before in the same run): the forward at 65536 / 131072 /
 // 262144 1.22 / 1.27 / 1.39 -> 1.14 / 1.18 / 1.30 of a copy on 4 / 8 / 16 CTAs of 128, the
@@ -144,8 +144,10 @@ constexpr int kRowBwdSplit = 256;
 constexpr int kRowBwdSmallSplit = 128;
 // The fused forward's first tier starts past 128 threads too (bf16 16384: two CTAs of 128, not one
 // of 256; measured on an H200, bench/NOTES.md v21, h200-2026-12-03b/call1/tune_long.log, bf16 at
-// M·H = 2^26: 1.064 of an add against 1.092). PolyNorm's forward keeps one CTA up to 256 threads
-// (32768: 1.116 on one CTA of 256, 1.125 on two of 128, the same run).
+// M·H = 2^26: 1.064 of an add against 1.092; call2/tune.log, the table against `--cta 256`: 12288 /
+// 16384 1.074 / 1.071 against 1.139 / 1.095 (2 x 96 / 2 x 128), fp32 8192 1.060 against 1.065).
+// PolyNorm's forward keeps one CTA up to 256 threads (32768: 1.116 on one CTA of 256, 1.125 on two
+// of 128, call 1).
 constexpr int kRowMulFwdSmallSplit = 128;
 constexpr int kRowSmallCtaThreads = 128;
 constexpr int kRowFwdSmallCluster = 16;
@@ -203,7 +205,9 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 // Blocks of more than kRowMinThreads threads (PolyNorm's forward at bf16 16385-32768: one CTA of
 // 256, two an SM) wait kRowWideWaveStaggerCycles between quarters: at 32768 (v21,
 // h200-2026-12-03b/call1/tune_long.log, `--stagger`) 750 / 1500 / 3000 cycles read 1.109 / 1.099 /
-// 1.083 of a copy.
+// 1.083 of a copy; in call 2 (`call2/tune.log`, the table against `--stagger 750`) 1.081 against
+// 1.093, fp16 1.096 / 1.102, fp32 16384 1.035 / 1.034, the narrow odd 16385 (256 threads, three
+// blocks an SM) 1.136 / 1.124: a small gain at bf16 32768, elsewhere within that run's ~1% spread.
 constexpr int kRowWaveStaggerCycles = 750;
 constexpr int kRowWideWaveStaggerCycles = 3000;
 constexpr int64_t kRowWaveStaggerWaves = 2;
@@ -386,7 +390,8 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // realignment) where that takes fewer slots on at most 256 threads: bf16 H = 3000 (375 packs) on 64
 // lanes of 8 holds 512 slots, 27% idle, on 96 of 4 384. Measured on an H200 (bench/NOTES.md v21,
 // h200-2026-12-03b/call1/exp_packs.log, bf16 at M·H = 2^26, over an add in one run): 3000 1.106 ->
-// 1.038 (6 packs on 64 lanes: 1.049). Not taken where it was slower in that run: odd rows (3001,
+// 1.038 (6 packs on 64 lanes: 1.049); the table against `trim_packs` false (call2/tune.log): 3000
+// 1.053 against 1.114, 2304 1.198 against 1.268, fp32 1500 1.009 against 1.013. Not taken where it was slower in that run: odd rows (3001,
 // same-phase, 7 packs 1.133 against 4 packs 1.152; 5125 1.112 against 1.317), PolyNorm's backward
 // at 4 or 5 packs (80 registers: 1.2-1.7 at 3000-6001) and the fused backward at 3 (1.16-1.59
 // against 1.04-1.37). `trim` false: the wide count here too.
