@@ -202,8 +202,9 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 // 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower. The
 // threshold of two waves was not measured apart (call 2 staggered every such grid; its shapes
 // held about 4 and 8 waves): it keeps the seed shapes' grids of less than a wave as they were.
-// Blocks of more than kRowMinThreads threads (PolyNorm's forward at bf16 16385-32768: one CTA of
-// 256, two an SM) wait kRowWideWaveStaggerCycles between quarters: at 32768 (v21,
+// The forward's blocks of more than kRowMinThreads threads (PolyNorm's at bf16 16385-32768: one CTA
+// of 256, two an SM) wait kRowWideWaveStaggerCycles between quarters (the backward's such blocks,
+// rows summed apart at bf16 10240 / 14336, not measured, keep kRowWaveStaggerCycles): at 32768 (v21,
 // h200-2026-12-03b/call1/tune_long.log, `--stagger`) 750 / 1500 / 3000 cycles read 1.109 / 1.099 /
 // 1.083 of a copy; in call 2 (`call2/tune.log`, the table against `--stagger 750`) 1.081 against
 // 1.093, fp16 1.096 / 1.102, fp32 16384 1.035 / 1.034, the narrow odd 16385 (256 threads, three
@@ -211,9 +212,9 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 constexpr int kRowWaveStaggerCycles = 750;
 constexpr int kRowWideWaveStaggerCycles = 3000;
 constexpr int64_t kRowWaveStaggerWaves = 2;
-inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads) {
+inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads, bool backward) {
   if (clusters < kRowWaveStaggerWaves * wave) return 0;
-  return threads > kRowMinThreads ? kRowWideWaveStaggerCycles : kRowWaveStaggerCycles;
+  return !backward && threads > kRowMinThreads ? kRowWideWaveStaggerCycles : kRowWaveStaggerCycles;
 }
 
 // The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid
@@ -387,7 +388,8 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 //
 // The fused forward's rows of whole packs, of more than a warp, that leave more than a quarter of
 // their slots idle at its 8 packs take 4 (a narrow build: 80 registers, the realigning build, on rows that need no
-// realignment) where that takes fewer slots on at most 256 threads: bf16 H = 3000 (375 packs) on 64
+// realignment) where that takes fewer slots on at most kRowMinThreads (128) threads, the band
+// measured (rows of 160 lanes at 4 packs, bf16 4104-4600, were not: they keep 8): bf16 H = 3000 (375 packs) on 64
 // lanes of 8 holds 512 slots, 27% idle, on 96 of 4 384. Measured on an H200 (bench/NOTES.md v21,
 // h200-2026-12-03b/call1/exp_packs.log, bf16 at M·H = 2^26, over an add in one run): 3000 1.106 ->
 // 1.038 (6 packs on 64 lanes: 1.049); the table against `trim_packs` false (call2/tune.log): 3000
@@ -401,8 +403,8 @@ inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool tri
     if (!trim || !mul || backward) return wide;
     const int64_t slots = slot_packs(H, elem_size), half = wide / 2;
     const int64_t at = row_lanes((slots + wide - 1) / wide), halved = row_lanes((slots + half - 1) / half);
-    return at > 32 && 4 * slots < 3 * at * wide && halved <= kRowWideThreads && halved * half < at * wide ? int(half)
-                                                                                                      : wide;
+    return at > 32 && 4 * slots < 3 * at * wide && halved <= kRowMinThreads && halved * half < at * wide ? int(half)
+                                                                                                     : wide;
   }
   const int packs = std::min(wide, 4 * elem_size);
   if (!trim || (backward && mul)) return packs;  // 3 packs each of three tensors would not be a wide build

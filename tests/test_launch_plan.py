@@ -71,11 +71,11 @@ def packs_of(op: str, dtype: torch.dtype, H: int) -> int:
         if op != "mul_forward":
             return PACKS[op]
         # The fused forward: half as many where its lanes at 8, more than a warp, leave more than a
-        # quarter of their slots idle and 4 take fewer slots on at most 256 threads.
+        # quarter of their slots idle and 4 take fewer slots on at most 128 threads.
         slots, wide = slot_packs(dtype, H), PACKS[op]
         at, halved = lanes(-(-slots // wide)), lanes(-(-slots // (wide // 2)))
         idle = at > 32 and 4 * slots < 3 * at * wide
-        return wide // 2 if idle and halved <= 256 and halved * (wide // 2) < at * wide else wide
+        return wide // 2 if idle and halved <= 128 and halved * (wide // 2) < at * wide else wide
     packs = min(PACKS[op], 4 * elem_size(dtype))
     if op == "mul_backward":
         return packs
@@ -388,13 +388,14 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
 def test_fused_forward_halves_the_packs_of_rows_a_quarter_idle():
     # bf16 H = 3000 (375 whole packs): 8 packs a thread on 64 lanes hold 512 slots, 27% idle; 4 on
     # 96 lanes hold 384 (launch_plan.h, row_packs; bench/NOTES.md v21). fp32 1500 and bf16 2304 alike;
-    # 3072 (384 packs: a quarter idle at 8, not more), the powers of two and rows of a warp or less
-    # (bf16 H = 8: 1 pack) keep 8, odd 3001 its
+    # 3072 (384 packs: a quarter idle at 8, not more), the powers of two, rows of a warp or less
+    # (bf16 H = 8: 1 pack) and rows that 4 packs would spread over more than 128 lanes (bf16 4200:
+    # 160) keep 8, odd 3001 its
     # pack fewer; the other ops keep their counts; untrimmed (_tune_rows), 8. (packs, G.)
     expected = {(torch.bfloat16, 3000): (4, 96), (torch.float16, 3000): (4, 96), (torch.float32, 1500): (4, 96),
                 (torch.bfloat16, 2304): (4, 96), (torch.bfloat16, 3072): (8, 64), (torch.bfloat16, 4096): (8, 64),
                 (torch.float32, 3000): (8, 96), (torch.bfloat16, 3001): (7, 64), (torch.bfloat16, 8): (8, 1),
-                (torch.bfloat16, 1280): (8, 32)}
+                (torch.bfloat16, 1280): (8, 32), (torch.bfloat16, 4200): (8, 96), (torch.float64, 750): (4, 96)}
     for (dtype, H), packs_g in expected.items():
         f = fields(plan("mul_forward", H, dtype))
         assert (f["packs"], f["G"], f["cluster"]) == (*packs_g, 1), (dtype, H, f)

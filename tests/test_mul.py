@@ -63,11 +63,11 @@ def _case(device, backend, M, H, dtype, x_layout, mul_layout=None, g_layout=None
 
 # ------------------------------------------------------------------ parity: the matrix
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H", [1, 2, 3, 8, 127, 769, 1500, 3000, 5125])
+@pytest.mark.parametrize("H", [1, 2, 3, 8, 127, 750, 769, 1500, 3000, 5125])
 @pytest.mark.parametrize("device,backend", BACKENDS)
 def test_contiguous_small(device, backend, H, dtype):
-    # 3000 (2-byte) and 1500 (fp32): 375 whole packs, which the CUDA forward holds at 4 packs a
-    # thread on 96 lanes (launch_plan.h, row_packs: 8 would leave 27% of its slots idle).
+    # 3000 (2-byte), 1500 (fp32) and 750 (fp64): 375 whole packs, which the CUDA forward holds at 4
+    # packs a thread on 96 lanes (launch_plan.h, row_packs: 8 would leave 27% of its slots idle).
     _case(device, backend, 7, H, dtype, "contiguous")
 
 

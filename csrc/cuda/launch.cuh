@@ -350,11 +350,12 @@ void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
 // The staggered start of a row grid of `grid` blocks for M rows (stagger_start, reduce.cuh): a
 // persistent grid (waves > 0) staggers all its clusters, by the rounds of rows they take
 // (launch_plan.h, row_stagger_cycles); a grid of a block per R rows (waves 0) its first wave, the
-// clusters resident at its start, by the waves it holds (row_wave_stagger_cycles). `kernel` and
-// `smem`: the build that sizes the grid. _tune_rows(stagger=) sets the cycles of either (the
-// grouped builds take the argument and ignore it).
+// clusters resident at its start, by the waves it holds and, for the forward, its blocks' threads
+// (row_wave_stagger_cycles). `kernel` and `smem`: the build that sizes the grid. _tune_rows(stagger=)
+// sets the cycles of either (the grouped builds take the argument and ignore it).
 template <typename Kernel>
-RowStagger row_stagger(Kernel kernel, const RowPlan& plan, int64_t M, int64_t grid, size_t smem, int waves) {
+RowStagger row_stagger(Kernel kernel, const RowPlan& plan, int64_t M, int64_t grid, size_t smem, int waves,
+                       bool backward) {
   const int64_t clusters = std::max<int64_t>(1, grid / plan.cluster);
   const int64_t wave = waves > 0 ? clusters
                        : std::min<int64_t>(clusters, plan.cluster > 1 ? resident_clusters(kernel, plan, smem)
@@ -362,7 +363,7 @@ RowStagger row_stagger(Kernel kernel, const RowPlan& plan, int64_t M, int64_t gr
   const int tuned = row_tuning().stagger;
   const int cycles = tuned >= 0 ? tuned
                      : waves > 0 ? row_stagger_cycles((row_groups(plan, M) + clusters - 1) / clusters)
-                                 : row_wave_stagger_cycles(clusters, wave, plan.threads);
+                                 : row_wave_stagger_cycles(clusters, wave, plan.threads, backward);
   return RowStagger{cycles, static_cast<int>(std::min<int64_t>(wave, INT32_MAX))};
 }
 
@@ -436,7 +437,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
                     weight, bias, mul, grouping, M, H, eps, row.G, row.cluster,
-                    row_stagger(kernel, row, M, grid, smem, waves));
+                    row_stagger(kernel, row, M, grid, smem, waves, false));
   return true;
 }
 
@@ -562,7 +563,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
                     weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
-                    row_stagger(sizing, row, M, blocks, smem, waves));
+                    row_stagger(sizing, row, M, blocks, smem, waves, true));
   if (apart) launch_param_sum(pg, blocks, stream);
   return true;
 }
