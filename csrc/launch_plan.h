@@ -51,7 +51,7 @@
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
 //   the start    | persistent grids of 8 rounds or more in four quarters (row_stagger_cycles); grids
-//                | of a block per R rows of two waves or more their first wave (row_wave_stagger_cycles)
+//                | of a block per R rows of more than one wave their first wave (row_wave_stagger_cycles)
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
 //
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
@@ -193,15 +193,21 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 
 // A grid of a block per R rows (one-CTA rows: PolyNorm's forward, the fused forward's to 128
 // threads, PolyNorm's backward rows of full lanes summed apart) staggers its first wave, the blocks resident at its start, in four
-// quarters kRowWaveStaggerCycles apart, when it holds at least kRowWaveStaggerWaves such waves; its
-// later blocks start as others leave, out of step already. Measured on an H200 (bench/NOTES.md
+// quarters kRowWaveStaggerCycles apart, when it holds more than one such wave; its later blocks
+// start as others leave, out of step already. Measured on an H200 (bench/NOTES.md
 // v20, h200-2026-12-03/call2, bf16, kernel over its floor, against no stagger in the same run):
 // the forward at M·H = 2^25 (about 4 waves) 4096 / 16384 1.092 / 1.114 -> 1.068 / 1.083 of a
 // copy; at 2^26 1.000-1.014 faster at 512-2048 and 16384, 1.006 slower at 4096 / 8192 (the
 // spread); the fused forward 4096 / 8192 1.057 / 1.052 -> 1.029 / 1.022 of an add; the backward
-// 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower. The
-// threshold of two waves was not measured apart (call 2 staggered every such grid; its shapes
-// held about 4 and 8 waves): it keeps the seed shapes' grids of less than a wave as they were.
+// 0-0.4% faster. 1500 cycles alike but for the forward at 2^25 4096 (1.091); 3000 slower.
+// Grids of one to two waves (more blocks than fit at once, fewer than twice as many) wait
+// kRowWaveStaggerCycles whatever their blocks' size: at the seed shapes (v22,
+// h200-2026-12-03c/call3/tune_seed.log, M = 2048, `--stagger`) the fused forward at 4096 (1.94
+// waves of blocks of two rows) read 1.279 of an add unstaggered, 1.166 / 1.122 / 1.084 / 1.110 at
+// 250 / 500 / 1000 / 2000 cycles, and PolyNorm's forward at 8192 (1.94 waves) 1.187 against 1.170 /
+// 1.132 / 1.138 / 1.123 of a copy. A grid of one wave or less starts whole: PolyNorm's forward at
+// 4096 (0.97 waves) read 1.131 unstaggered, 1.161-1.227 staggered; the fused forward at 1024 /
+// 2048 (0.48 / 0.97 waves) within that run's spread (0.07 between two unstaggered columns).
 // The forward's blocks of more than kRowMinThreads threads (PolyNorm's at bf16 16385-32768: one CTA
 // of 256, two an SM) wait kRowWideWaveStaggerCycles between quarters (the backward's such blocks,
 // rows summed apart at bf16 10240 / 14336, not measured, keep kRowWaveStaggerCycles): at 32768 (v21,
@@ -211,9 +217,11 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 // blocks an SM) 1.136 / 1.124: a small gain at bf16 32768, elsewhere within that run's ~1% spread.
 constexpr int kRowWaveStaggerCycles = 750;
 constexpr int kRowWideWaveStaggerCycles = 3000;
-constexpr int64_t kRowWaveStaggerWaves = 2;
+constexpr int64_t kRowWaveStaggerWaves = 2;  // from this many waves, the forward's wide blocks wait longer
+// `clusters`: the grid's blocks (clusters); `wave`: those resident at its start (at most clusters).
 inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads, bool backward) {
-  if (clusters < kRowWaveStaggerWaves * wave) return 0;
+  if (clusters <= wave) return 0;
+  if (clusters < kRowWaveStaggerWaves * wave) return kRowWaveStaggerCycles;
   return !backward && threads > kRowMinThreads ? kRowWideWaveStaggerCycles : kRowWaveStaggerCycles;
 }
 

@@ -258,14 +258,16 @@ def _check_cuda_against_oracle(x, g, w, b, mul, what):
 
 @requires_cuda
 @pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
-                                       (5125, 600, torch.float32), (5125, 600, torch.bfloat16)])
+                                       (4096, 2048, torch.bfloat16), (5125, 600, torch.float32),
+                                       (5125, 600, torch.bfloat16)])
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_staggered_start_changes_no_bit(op, H, M, dtype):
     # A row grid starts in staggered quarters (csrc/launch_plan.h): a persistent grid all of it, by
     # the rounds of rows it takes (row_stagger_cycles: on an H200 both directions' at 65536 x 1024,
     # whose forward runs on clusters, and the fused backward at 1024 x 40000), a grid of a block
     # per R rows its first wave, by the waves it holds (row_wave_stagger_cycles: the forwards at
-    # 1024 x 40000, PolyNorm's backward there). Every grid is made persistent here (grid_waves=1,
+    # 1024 x 40000, PolyNorm's backward there; the fused forward at 4096 x 2048, a seed shape, on
+    # between one and two waves). Every grid is made persistent here (grid_waves=1,
     # both directions), then a block per R rows (grid_waves=0), so that the forced staggers below
     # reach every launch in both kinds of grid. The delay only moves when blocks start: every
     # output of the ops (poisoned first) equals the same grid's unstaggered launch bit for bit,
