@@ -15,8 +15,14 @@ a copy timed apart and added do (add+copy, as in bench.py). Columns: the add flo
 microseconds, mfwd/x and trmfwd/x over it; the add+copy floor, mbwd/x and trmbwd/x over it.
 An op without a kernel on this build (NotImplementedError) shows as nan.
 
+``--graph`` times every op and floor as the replay of a CUDA graph that holds one call of it
+(the outputs in the graph's pool), so that the host's cost of a call stays out of the figure
+even where it outlasts do_bench's L2 flush between calls (the Triton ops' ``torch.library``
+dispatch and launch on a slow host; bench/NOTES.md v22).
+
     python3 bench/ops_timing.py
     python3 bench/ops_timing.py --op poly_norm_mul
+    python3 bench/ops_timing.py --graph
 
 This is the script behind bench/results/h200-2026-11-29/ops_timing*.log. The full
 harness, with autograd, the peers and plots, is bench/bench.py.
@@ -33,8 +39,21 @@ SHAPES = [(2**26 // H, H) for H in BYTES_H] + [(2048, H) for H in (1024, 2048, 4
 N_BYTES_SHAPES = len(BYTES_H)
 
 
+GRAPH = False  # --graph: time the replay of a one-call CUDA graph of each op (main sets it)
+
+
+def graphed(fn):
+    """The replay of a CUDA graph that holds one call of fn (its outputs in the graph's pool)."""
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def bench(fn) -> float:
-    return do_bench(fn, warmup=25, rep=100, return_mode="median")
+    return do_bench(graphed(fn) if GRAPH else fn, warmup=25, rep=100, return_mode="median")
 
 
 def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor, triton: bool = True) -> str:
@@ -90,11 +109,16 @@ def main() -> None:
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--no-seed-shapes", action="store_true", help="only the M*H = 2^26 shapes")
     parser.add_argument("--no-triton", action="store_true", help="the CUDA ops only (the Triton columns show nan)")
+    parser.add_argument("--graph", action="store_true",
+                        help="time each op and floor as the replay of a one-call CUDA graph (no host cost)")
     args = parser.parse_args()
+    global GRAPH
+    GRAPH = args.graph
     dtype = getattr(torch, args.dtype)
     # The seed rows follow the 2^26 rows (2048 x 32768 is both: with --no-seed-shapes it stays once).
     shapes = SHAPES[:N_BYTES_SHAPES] if args.no_seed_shapes else SHAPES
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}")
+    timing = ", each call a CUDA graph's replay" if args.graph else ""
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}{timing}")
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
     bias = torch.tensor([0.1], device="cuda")
