@@ -207,7 +207,12 @@ inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRoun
 // 250 / 500 / 1000 / 2000 cycles, and PolyNorm's forward at 8192 (1.94 waves) 1.187 against 1.170 /
 // 1.132 / 1.138 / 1.123 of a copy. A grid of one wave or less starts whole: PolyNorm's forward at
 // 4096 (0.97 waves) read 1.131 unstaggered, 1.161-1.227 staggered; the fused forward at 1024 /
-// 2048 (0.48 / 0.97 waves) within that run's spread (0.07 between two unstaggered columns).
+// 2048 (0.48 / 0.97 waves) within that run's spread (0.07 between two unstaggered columns). At
+// 750 cycles against none (call 4, `call4/tune.log`, `--stagger 0`): the fused forward at 2048 x
+// 4096 1.140 / 1.325, at 750 blocks of 528 (6000 x 1024, 1500 x 4096) 1.198 / 1.132 against
+// 1.356 / 1.382; PolyNorm's forward at 2048 x 8192 1.160 / 1.166 (no gain past the spread), 12000
+// x 1024 / 3000 x 4096 1.123 / 1.055 against 1.189 / 1.069, and with blocks of 256 threads at 400
+// x 32768 (400 blocks of 264, the one such grid measured) 1.354 against 1.398.
 // The forward's blocks of more than kRowMinThreads threads (PolyNorm's at bf16 16385-32768: one CTA
 // of 256, two an SM) wait kRowWideWaveStaggerCycles between quarters (the backward's such blocks,
 // rows summed apart at bf16 10240 / 14336, not measured, keep kRowWaveStaggerCycles): at 32768 (v21,
@@ -219,11 +224,18 @@ constexpr int kRowWaveStaggerCycles = 750;
 constexpr int kRowWideWaveStaggerCycles = 3000;
 constexpr int64_t kRowWaveStaggerWaves = 2;  // from this many waves, the forward's wide blocks wait longer
 // `clusters`: the grid's blocks (clusters); `wave`: those resident at its start (at most clusters).
-inline int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads, bool backward) {
+constexpr int row_wave_stagger_cycles(int64_t clusters, int64_t wave, int threads, bool backward) {
   if (clusters <= wave) return 0;
   if (clusters < kRowWaveStaggerWaves * wave) return kRowWaveStaggerCycles;
   return !backward && threads > kRowMinThreads ? kRowWideWaveStaggerCycles : kRowWaveStaggerCycles;
 }
+// The rule at its edges, for 528 resident blocks (an H200's 132 SMs x 4): a wave, just past it,
+// just short of two, two (wide forward blocks, and the backward's).
+static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
+              row_wave_stagger_cycles(529, 528, 128, false) == kRowWaveStaggerCycles &&
+              row_wave_stagger_cycles(1055, 528, 256, false) == kRowWaveStaggerCycles &&
+              row_wave_stagger_cycles(1056, 528, 256, false) == kRowWideWaveStaggerCycles &&
+              row_wave_stagger_cycles(1056, 528, 256, true) == kRowWaveStaggerCycles);
 
 // The row backward's dW / dB partials (csrc/cuda/reduce.cuh): a launch whose persistent grid
 // would take kRowSumApartRounds rounds of rows or more has them summed by a kernel of their own
