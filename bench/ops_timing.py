@@ -15,10 +15,12 @@ a copy timed apart and added do (add+copy, as in bench.py). Columns: the add flo
 microseconds, mfwd/x and trmfwd/x over it; the add+copy floor, mbwd/x and trmbwd/x over it.
 An op without a kernel on this build (NotImplementedError) shows as nan.
 
-``--graph`` times every op and floor as the replay of a CUDA graph that holds one call of it
-(the outputs in the graph's pool), so that the host's cost of a call stays out of the figure
-even where it outlasts do_bench's L2 flush between calls (the Triton ops' ``torch.library``
-dispatch and launch on a slow host; bench/NOTES.md v22).
+``--graph`` times every op as the replay of a CUDA graph that holds one call of it (the
+outputs in the graph's pool), so that the host's cost of a call stays out of the figure even
+where it outlasts do_bench's L2 flush between calls (the Triton ops' ``torch.library`` dispatch
+and launch on a slow host; bench/NOTES.md v22, v23). The floors stay eager: a copy captured in a
+graph is a memcpy node, which ran at 1.45x the eager copy's time at the odd-H shapes
+(bench/results/h200-2026-12-03d/call1/ops_timing_graph.log, whose floors were graphed).
 
     python3 bench/ops_timing.py
     python3 bench/ops_timing.py --op poly_norm_mul
@@ -52,8 +54,9 @@ def graphed(fn):
     return graph.replay
 
 
-def bench(fn) -> float:
-    if GRAPH:
+def bench(fn, floor: bool = False) -> float:
+    """Median ms of fn; with --graph, of a one-call graph's replay, but for a floor (always eager)."""
+    if GRAPH and not floor:
         try:
             fn = graphed(fn)
         except RuntimeError as error:  # an op that cannot be captured: nan in its column, the reason here
@@ -66,8 +69,8 @@ def row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Te
     x = torch.randn(M, H, device="cuda", dtype=dtype)
     g = torch.randn_like(x)
     out, out2 = torch.empty_like(x), torch.empty_like(x)
-    t_copy = bench(lambda: out.copy_(x))
-    t_add = bench(lambda: torch.add(x, g, out=out2))
+    t_copy = bench(lambda: out.copy_(x), floor=True)
+    t_add = bench(lambda: torch.add(x, g, out=out2), floor=True)
     t_f = bench(lambda: torch.ops.polynorm.forward(x, weight, bias, 1e-6))
     _, rstd = torch.ops.polynorm.forward(x, weight, bias, 1e-6)
     t_b = bench(lambda: torch.ops.polynorm.backward(g, x, weight, rstd))
@@ -98,8 +101,8 @@ def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torc
     mul = torch.randn_like(x)
     g = torch.randn_like(x)
     out, out2 = torch.empty_like(x), torch.empty_like(x)
-    t_add = bench(lambda: torch.add(x, mul, out=out))
-    t_copy = bench(lambda: out2.copy_(x))
+    t_add = bench(lambda: torch.add(x, mul, out=out), floor=True)
+    t_copy = bench(lambda: out2.copy_(x), floor=True)
     t_add_copy = t_add + t_copy  # read 3, write 2: the backward's bytes
     t_f, t_b = mul_times("mul_forward", "mul_backward", x, mul, g, weight, bias)
     tf, tb = mul_times("mul_forward_triton", "mul_backward_triton", x, mul, g, weight, bias)
@@ -116,14 +119,14 @@ def main() -> None:
     parser.add_argument("--no-seed-shapes", action="store_true", help="only the M*H = 2^26 shapes")
     parser.add_argument("--no-triton", action="store_true", help="the CUDA ops only (the Triton columns show nan)")
     parser.add_argument("--graph", action="store_true",
-                        help="time each op and floor as the replay of a one-call CUDA graph (no host cost)")
+                        help="time each op as the replay of a one-call CUDA graph (no host cost); floors eager")
     args = parser.parse_args()
     global GRAPH
     GRAPH = args.graph
     dtype = getattr(torch, args.dtype)
     # The seed rows follow the 2^26 rows (2048 x 32768 is both: with --no-seed-shapes it stays once).
     shapes = SHAPES[:N_BYTES_SHAPES] if args.no_seed_shapes else SHAPES
-    timing = ", each call a CUDA graph's replay" if args.graph else ""
+    timing = ", each op a CUDA graph's replay, the floors eager" if args.graph else ""
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {args.dtype}{timing}")
     torch.manual_seed(0)
     weight = torch.tensor([0.3, -0.4, 0.9], device="cuda")
