@@ -255,10 +255,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
       } else {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+#ifndef POLYNORM_FWD_MUL_HOIST
+#define POLYNORM_FWD_MUL_HOIST 0
+#endif
+        if (POLYNORM_FWD_MUL_HOIST && kLayout == kAligned && mul.vec_ok && H % P::kVec == 0) {  // mul whole and aligned
 #pragma unroll
-        for (int i = 0; i < kPacks; ++i) {
-          const int p = rl.base + i * rl.W;
-          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+          for (int i = 0; i < kPacks; ++i) {
+            const int p = rl.base + i * rl.W;
+            mb[i] = p < packs ? reinterpret_cast<const Pack*>(m_row)[p] : make_uint4(0u, 0u, 0u, 0u);
+          }
+        } else {
+#pragma unroll
+          for (int i = 0; i < kPacks; ++i) {
+            const int p = rl.base + i * rl.W;
+            mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+          }
         }
       }
     }
@@ -280,60 +291,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
     }
 
-    // Bench-only measurement switches (POLYNORM_NVCC_FLAGS, bench/NOTES.md v23): the sums in
-    // kSumSets sets of accumulators (pack slot i into set i % kSumSets, combined pairwise at the
-    // end: another summation order) and the aligned builds' idle-slot skip.
-#ifndef POLYNORM_FWD_SUM_SETS
-#define POLYNORM_FWD_SUM_SETS 1
-#endif
-#ifndef POLYNORM_FWD_IDLE_SKIP
-#define POLYNORM_FWD_IDLE_SKIP 1
-#endif
-    constexpr int kSumSets = POLYNORM_FWD_SUM_SETS;
-    constexpr bool kIdleSkip = POLYNORM_FWD_IDLE_SKIP != 0;
-    acc_t ss[kSumSets][3];  // past the row, the packs hold zeros
-#pragma unroll
-    for (int j = 0; j < kSumSets; ++j) ss[j][0] = ss[j][1] = ss[j][2] = acc_t(0);
-    const auto add_to = [&](acc_t* t, acc_t v) {
+    acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
+    const auto add = [&](acc_t v) {
       const acc_t v2 = v * v;
-      t[0] += v2;
-      t[1] += v2 * v2;
-      t[2] += v2 * v2 * v2;
+      s[0] += v2;
+      s[1] += v2 * v2;
+      s[2] += v2 * v2 * v2;
     };
     const StageWindow sw = same_phase ? stage_window(shift, rl) : StageWindow{};
-#ifndef POLYNORM_FWD_FULL_PATH
-#define POLYNORM_FWD_FULL_PATH 0
-#endif
-    constexpr int kFullPath = POLYNORM_FWD_FULL_PATH;
-    // Whether no slot of this warp lies past the row (warp_idle grows with i).
-    const bool full = kLayout == kAligned && !warp_idle(rl, kPacks - 1, packs);
-    const auto sum_packs = [&](bool skip) {
 #pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        if (skip && warp_idle(rl, i, packs)) continue;
-        const Pack in = same_phase ? staged_pack<scalar_t>(stage, sw, i) : buf[i];
+    for (int i = 0; i < kPacks; ++i) {
+      if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
+      const Pack in = same_phase ? staged_pack<scalar_t>(stage, sw, i) : buf[i];
 #pragma unroll
-        for (int k = 0; k < P::kVec; ++k) add_to(ss[i % kSumSets], P::value(in, k));
-      }
-    };
-    if (kFullPath >= 1 && kLayout == kAligned && kIdleSkip) {
-      if (full) {
-        sum_packs(false);
-      } else {
-        sum_packs(true);
-      }
-    } else {
-      sum_packs(kIdleSkip && kLayout == kAligned);
+      for (int k = 0; k < P::kVec; ++k) add(P::value(in, k));
     }
-#pragma unroll
-    for (int w = 1; w < kSumSets; w *= 2) {
-#pragma unroll
-      for (int j = 0; j + w < kSumSets; j += 2 * w) {
-        ss[j][0] += ss[j + w][0], ss[j][1] += ss[j + w][1], ss[j][2] += ss[j + w][2];
-      }
-    }
-    acc_t(&s)[3] = ss[0];
-    const auto add = [&](acc_t v) { add_to(s, v); };
     if (extra) add(Elem<scalar_t>::to_acc(x_last));  // zero but on the row's last lane
     // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
@@ -380,21 +352,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         store_own_chunk<scalar_t>(dst, rl.seg_end, output(ext, m_ext), shift, end);
       }
     } else {
-      const auto outputs = [&](bool skip) {
 #pragma unroll
-        for (int i = 0; i < kPacks; ++i) {
-          keep_raw(buf[i]);
-          if (!skip || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
-        }
-      };
-      if (kFullPath >= 2 && kLayout == kAligned && kIdleSkip) {
-        if (full) {
-          outputs(false);
-        } else {
-          outputs(true);
-        }
-      } else {
-        outputs(kLayout == kAligned && kIdleSkip);
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(buf[i]);
+        if (kLayout != kAligned || !warp_idle(rl, i, packs)) buf[i] = output(buf[i], mb[kMul ? i : 0]);  // idle: never stored
       }
       store_row<scalar_t, kPacks>(y_row, buf, H, rl, y_realign, active);
       if (extra && active && rl.lane == rl.G - 1) {
