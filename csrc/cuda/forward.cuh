@@ -255,20 +255,27 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
       } else {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+        // Bench-only switch (POLYNORM_NVCC_FLAGS=-DPOLYNORM_FWD_MUL_HOIST=1; bench/NOTES.md v23): mul
+        // aligned and whole (the aligned build's usual case) loaded as 16-byte packs under one branch,
+        // issued back to back, instead of load_pack's per-pack branch to an element-wise path, which
+        // spreads the 8 loads over ~1300 instructions (the same bits). Measured with the branches the
+        // other way round (the fused forward at 2048 x 1024 / 4096 2-3% shorter in ncu), whose SASS
+        // laid the element-wise path first (sass_load_order flags that); this order keeps the packs'
+        // loads inline after x's. To measure on a GPU before it becomes the default.
 #ifndef POLYNORM_FWD_MUL_HOIST
 #define POLYNORM_FWD_MUL_HOIST 0
 #endif
-        if (POLYNORM_FWD_MUL_HOIST && kLayout == kAligned && mul.vec_ok && H % P::kVec == 0) {  // mul whole and aligned
+        if (!POLYNORM_FWD_MUL_HOIST || kLayout != kAligned || !mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
           for (int i = 0; i < kPacks; ++i) {
             const int p = rl.base + i * rl.W;
-            mb[i] = p < packs ? reinterpret_cast<const Pack*>(m_row)[p] : make_uint4(0u, 0u, 0u, 0u);
+            mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
           }
         } else {
 #pragma unroll
           for (int i = 0; i < kPacks; ++i) {
             const int p = rl.base + i * rl.W;
-            mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+            mb[i] = p < packs ? reinterpret_cast<const Pack*>(m_row)[p] : make_uint4(0u, 0u, 0u, 0u);
           }
         }
       }
