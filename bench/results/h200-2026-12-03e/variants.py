@@ -1,0 +1,69 @@
+"""Every CUDA op of one build, kernel-only (twenty-second session; bench/NOTES.md v24): the build is
+whichever `polynorm` PYTHONPATH finds, so that the same script times builds of other
+POLYNORM_NVCC_FLAGS (forward.cuh's POLYNORM_FWD_MUL_HOIST, reduce.cuh's POLYNORM_ROW_REDUCE_ROLLED),
+one process each.
+
+Columns: the floors in microseconds (copy; add), then PolyNorm's forward over the copy (fwd), the
+fused forward over the add (mfwd), PolyNorm's backward over the add (bwd) and the fused backward
+over add + copy (mbwd): medians of triton.testing.do_bench. `err`: the largest error of the fused
+forward's out on the first 64 rows against the float64 oracle, in half-ulps of the dtype at
+max(|ref|, 1) (bench/tune_rows.py's measure); `sig`: a signature of the bits of every output (y,
+out, grad_x, grad_mul, and the parameter gradients), their int16 words summed mod 10^6, equal
+across builds that give the same bits.
+
+    PYTHONPATH=<build> python3 bench/results/h200-2026-12-03e/variants.py <label> [--seed-only]
+"""
+
+import pathlib
+import sys
+
+import torch
+from triton.testing import do_bench
+
+import polynorm  # noqa: F401
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # bench/
+from tune_rows import worst_error  # noqa: E402
+
+
+def bench(fn) -> float:
+    return do_bench(fn, warmup=10, rep=40, return_mode="median")
+
+
+def signature(tensors) -> int:
+    return sum(int(t.contiguous().view(torch.int16).long().sum()) for t in tensors) % 10**6
+
+
+def main() -> None:
+    label = sys.argv[1]
+    seed_only = "--seed-only" in sys.argv
+    ops = torch.ops.polynorm
+    w = torch.tensor([0.3, -0.5, 0.8], device="cuda")
+    b = torch.tensor([0.1], device="cuda")
+    shapes = [(2048, H) for H in (1024, 2048, 4096, 8192)]
+    if not seed_only:
+        shapes += [(2**26 // H, H) for H in (1024, 4096, 16384, 5125, 16385)]
+    print(f"# {label}: {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16")
+    print(f"{'M':>6} {'H':>6} {'copy':>6} {'add':>6} {'fwd':>6} {'mfwd':>6} {'bwd':>6} {'mbwd':>6} {'err':>5} {'sig':>7}")
+    torch.manual_seed(0)
+    for M, H in shapes:
+        x = torch.randn(M, H, device="cuda", dtype=torch.bfloat16)
+        mul, g = torch.randn_like(x), torch.randn_like(x)
+        out, out2 = torch.empty_like(x), torch.empty_like(x)
+        copy = bench(lambda: out.copy_(x))
+        add = bench(lambda: torch.add(x, g, out=out2))
+        y, rstd = ops.forward(x, w, b, 1e-6)
+        mout, mrstd = ops.mul_forward(x, mul, w, b, 1e-6)
+        fwd = bench(lambda: ops.forward(x, w, b, 1e-6))
+        mfwd = bench(lambda: ops.mul_forward(x, mul, w, b, 1e-6))
+        bwd = bench(lambda: ops.backward(g, x, w, rstd))
+        mbwd = bench(lambda: ops.mul_backward(g, x, mul, w, b, mrstd))
+        err = worst_error(mout, x, w, b, mul)
+        grads = (*ops.backward(g, x, w, rstd), *ops.mul_backward(g, x, mul, w, b, mrstd))
+        sig = signature([y, mout] + [t.float().view(torch.int16) if t.dtype != torch.bfloat16 else t for t in grads])
+        print(f"{M:>6} {H:>6} {copy * 1e3:6.1f} {add * 1e3:6.1f} {fwd / copy:6.3f} {mfwd / add:6.3f} "
+              f"{bwd / add:6.3f} {mbwd / (add + copy):6.3f} {err:5.2f} {sig:>7}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
