@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Twenty-second session, call 1 (issues 15, 13; bench/NOTES.md v24). Three builds in parallel: m (as
 # committed), f (-DPOLYNORM_FWD_MUL_HOIST=1: the fused forward's mul loads hoisted, the branch as on
-# main since 8aded82, never GPU-run) and u (f plus -DPOLYNORM_ROW_REDUCE_ROLLED=1: row_reduce's
-# cross-warp loop kept rolled). variants.py on each (every CUDA op, seed shapes and 2^26, with each
+# main since 8aded82, never GPU-run) and u (f plus -DPOLYNORM_ROW_REDUCE_ROLLED=1: the forwards'
+# cross-warp loop in row_reduce kept rolled; locally 3680 -> 3240 SASS lines in the bf16 8-pack fused forward). variants.py on each (every CUDA op, seed shapes and 2^26, with each
 # build's bit signature), then the seed shapes again in the other order; ncu durations, instructions
 # and instruction-cache stalls of both forwards at 2048 x 1024 / 2048 / 4096, m f u m f u.
 # Run from the repo root as: OUT=$OUT bash bench/results/h200-2026-12-03e/call1.sh
