@@ -255,17 +255,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
       } else {
         const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-        // Bench-only switch (POLYNORM_NVCC_FLAGS=-DPOLYNORM_FWD_MUL_HOIST=1; bench/NOTES.md v23): mul
-        // aligned and whole (the aligned build's usual case) loaded as 16-byte packs under one branch,
-        // issued back to back, instead of load_pack's per-pack branch to an element-wise path, which
-        // spreads the 8 loads over ~1300 instructions (the same bits). Measured with the branches the
-        // other way round (the fused forward at 2048 x 1024 / 4096 2-3% shorter in ncu), whose SASS
-        // laid the element-wise path first (sass_load_order flags that); this order keeps the packs'
-        // loads inline after x's. To measure on a GPU before it becomes the default.
-#ifndef POLYNORM_FWD_MUL_HOIST
-#define POLYNORM_FWD_MUL_HOIST 0
-#endif
-        if (!POLYNORM_FWD_MUL_HOIST || kLayout != kAligned || !mul.vec_ok || H % P::kVec != 0) {
+        // mul aligned and whole (the aligned build's usual case): 16-byte packs under one branch,
+        // issued back to back, not load_pack's per-pack branch to an element-wise path, which spread
+        // the 8 loads over ~1300 instructions (the same bits). The element-wise path is laid first so
+        // that ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). Measured
+        // (bench/NOTES.md v24): the fused forward at 2048 x 1024 / 2048 / 4096 1.6 / 5.9 / 7.1%
+        // shorter in ncu, 7-8% fewer instructions; at 2^26 within the spread.
+        if (kLayout != kAligned || !mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
           for (int i = 0; i < kPacks; ++i) {
             const int p = rl.base + i * rl.W;

@@ -69,32 +69,11 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
     }
     __syncthreads();
     acc_t(*group_red)[N] = red + (warp - (rl.lane >> 5));  // the row's first warp (one CTA: lane < G)
-    // Bench-only switch (POLYNORM_NVCC_FLAGS=-DPOLYNORM_ROW_REDUCE_ROLLED=1; bench/NOTES.md v24): the
-    // forward's (N = 3) warp loop kept rolled (ptxas unrolls it, ~270 instructions of the fused
-    // forward's hot path, v23), the same adds in the same order. Not the backward's: rolled there,
-    // ptxas sank 1-2 of the bf16 / fp16 8-pack rows' loads below the first wait (sass_load_order).
-    // To measure on a GPU before it becomes the default.
-#ifndef POLYNORM_ROW_REDUCE_ROLLED
-#define POLYNORM_ROW_REDUCE_ROLLED 0
-#endif
-    if constexpr (POLYNORM_ROW_REDUCE_ROLLED && N == 3) {
-      acc_t total[N];
 #pragma unroll
-      for (int k = 0; k < N; ++k) total[k] = group_red[0][k];
-#pragma unroll 1
-      for (int w = 1; w < warps; ++w) {
-#pragma unroll
-        for (int k = 0; k < N; ++k) total[k] += group_red[w][k];
-      }
-#pragma unroll
-      for (int k = 0; k < N; ++k) v[k] = total[k];
-    } else {
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        acc_t total = group_red[0][k];
-        for (int w = 1; w < warps; ++w) total += group_red[w][k];
-        v[k] = total;
-      }
+    for (int k = 0; k < N; ++k) {
+      acc_t total = group_red[0][k];
+      for (int w = 1; w < warps; ++w) total += group_red[w][k];
+      v[k] = total;
     }
   }
 }
