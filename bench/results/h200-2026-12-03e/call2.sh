@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Twenty-second session, call 2 (issues 13, 15; bench/NOTES.md v24): main after call 1 (the fused
 # forward's mul loads hoisted unconditionally; both bench switches gone): the whole GPU suite, then
-# ops_timing.py --graph for PolyNorm (the README's kernel tables).
+# ops_timing.py --graph for both ops (the README's kernel tables).
 # Run from the repo root as: OUT=$OUT bash bench/results/h200-2026-12-03e/call2.sh
 set -uo pipefail
 OUT="${OUT:-out}"
@@ -14,7 +14,7 @@ git log -1 --format=%H 2>/dev/null | tee -a "$OUT/gpu.txt"
 MAX_JOBS=$(nproc) python3 setup.py build_ext --inplace > "$OUT/build.log" 2>&1; echo "build rc=$?"
 gzip -f "$OUT/build.log"
 stamp build
-/usr/bin/time -f "suite wall %e s" timeout -s INT 360 python3 -m pytest tests/test_pt2.py tests/test_grouped.py \
+/usr/bin/time -f "suite wall %e s" timeout -s INT 330 python3 -m pytest tests/test_pt2.py tests/test_grouped.py \
   tests/test_training.py tests -v -ra -p no:cacheprovider -n 16 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1
 echo "pytest rc=$?"
 grep -E "\] (FAILED|ERROR) |^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -20
@@ -24,3 +24,6 @@ stamp suite
 timeout 110 python3 bench/ops_timing.py --graph > "$OUT/ops_timing_graph.log" 2>&1; echo "graph rc=$?"
 cat "$OUT/ops_timing_graph.log"
 stamp graph
+timeout 110 python3 bench/ops_timing.py --graph --op poly_norm_mul > "$OUT/ops_timing_graph_mul.log" 2>&1
+echo "graph mul rc=$?"; cat "$OUT/ops_timing_graph_mul.log"
+stamp graph_mul
