@@ -22,15 +22,18 @@ for v in $VS; do
   (cd /tmp/$v/csrc && patch -p1 -s < "$ROOT/$D/$v.patch") || echo "patch $v failed"
 done
 (MAX_JOBS=4 python3 setup.py build_ext --inplace > /tmp/build_m.log 2>&1; echo "m rc=$?") &
+# (the first try of this call failed to build every patch: e5's inline asm met fp64 sums; now
+# float sums only, call1.out)
 for v in $VS; do
   (cd /tmp/$v && MAX_JOBS=3 python3 setup.py build_ext --inplace > /tmp/build_$v.log 2>&1; echo "$v rc=$?") &
 done
 wait
 stamp builds
 tar czf "$OUT/builds.tgz" -C /tmp build_m.log build_N.log build_A.log build_AL.log build_AR.log
+grep -h " error" /tmp/build_*.log | sort | uniq -c | head -5
 path_of() { if [ $1 = m ]; then echo $ROOT; else echo /tmp/$1; fi; }
 for v in N A; do
-  (python3 bench/sass_load_order.py /tmp/$v/polynorm/_C*.so > "$OUT/sass_load_order_$v.log" 2>&1; echo "sass $v rc=$?") &
+  (python3 bench/sass_load_order.py $(ls /tmp/$v/polynorm/_C*.so) > "$OUT/sass_load_order_$v.log" 2>&1; echo "sass $v rc=$?") &
 done
 {
   for v in m N A AL AR A N m; do (cd /tmp && PYTHONPATH=$(path_of $v) timeout 60 python3 "$ROOT/$D/variants.py" $v); done
