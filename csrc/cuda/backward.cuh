@@ -295,10 +295,19 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
   }
   __syncwarp();  // every lane has written its classes
   const int next = lane - rl.j + ((rl.j + 1) & (rl.W - 1));
+  // Shared addresses of class p + e of this lane and class p + e - kVec of the next: e * 32 entries on.
+  const uint32_t own = static_cast<uint32_t>(__cvta_generic_to_shared(area + lane)) + p * 32 * sizeof(ClassSums<acc_t>);
+  const uint32_t nxt = static_cast<uint32_t>(__cvta_generic_to_shared(area + next)) + (p - kVec) * 32 * sizeof(ClassSums<acc_t>);
 #pragma unroll
   for (int e = 0; e < kVec; ++e) {
-    const int k = e + p;
-    const ClassSums<acc_t> t = area[k < kVec ? k * 32 + lane : (k - kVec) * 32 + next];
+    ClassSums<acc_t> t;
+    if constexpr (sizeof(acc_t) == 4) {
+      const uint32_t at = (p < kVec - e ? own : nxt) + e * 32 * sizeof(ClassSums<acc_t>);
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(t.v[0]), "=f"(t.v[1]), "=f"(t.v[2]), "=f"(t.v[3]) : "r"(at));
+    } else {
+      const int k = e + p;
+      t = area[k < kVec ? k * 32 + lane : (k - kVec) * 32 + next];
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) s[q] += t.v[q];
   }
@@ -306,7 +315,7 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks, kLayout != kAligned))
     poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
@@ -329,7 +338,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     RowStagger stagger) {                                // the start in quarters (reduce.cuh; grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  __shared__ acc_t red[2][kRowMaxThreads / 32][4];
+  __shared__ __align__(16) acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
   // Dynamic: the same-phase build's class areas (a warp's: bwd_class_area_bytes, class_sums),
   // then, C > 1, the cluster slots ([2][C G / 32][4]).
@@ -340,7 +349,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  const RowLane rl = row_lane<kPacks>(G, C);
+  // kWholeWarps: rows of 32 lanes or more; without it a realigning or same-phase build serves
+  // rows of fewer (launch.cuh, row_kernel): one warp segment, no cross-warp sum, no cluster.
+  constexpr bool kShortRows = kLayout != kAligned && !kWholeWarps && !kGrouped;
+  const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
   const int group = blk.group;
@@ -392,8 +404,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
-    issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-    issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    if constexpr (same_phase) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
+      issue_rows<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, gb, g_ext, g_row, owned ? H : 0, rl);
+    } else {
+      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    }
     // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
     // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
     Pack mb[kMul ? kPacks : 1] = {};
@@ -425,8 +441,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
-      mask_row_end(xb, x_ext, end, rl, true);
-      mask_row_end(gb, g_ext, end, rl, true);
+      mask_row_ends(xb, x_ext, gb, g_ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
     } else {
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
@@ -466,10 +481,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
     if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
-    if (C > 1) {
+    if (!kShortRows && C > 1) {
       cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
-      row_reduce<4>(s, red[parity], rl);
+      row_reduce<4, same_phase, kShortRows>(s, red[parity], rl);
     }
 
     if (grouped) {
@@ -511,13 +526,23 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       const int chunks = (end + 15) / 16;
       Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(grad_x + r * H) - shift);
       Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<char*>(mul.grad_mul + r * H) - shift) : nullptr;
+      // Whole chunks: [first_whole, end / 16); the others (the row's two ends) narrowly.
+      const int first_whole = shift != 0 ? 1 : 0;
+      const int whole_hi = end >> 4;
+      const unsigned n_whole = active && whole_hi > first_whole ? unsigned(whole_hi - first_whole) : 0u;
+      const int chunks_a = active ? chunks : 0;
 #pragma unroll
       for (int i = 0; i < kPacks; ++i) {
         keep_raw(xb[i]);
         keep_raw(gb[i]);
         const int p = rl.base + i * rl.W;
-        if (active && p < chunks) {
-          store_own_chunk<scalar_t>(dx_dst, p, dx_of(xb[i], gb[i], mb[kMul ? i : 0]), shift, end);
+        if (p < chunks_a) {
+          const Pack v = dx_of(xb[i], gb[i], mb[kMul ? i : 0]);
+          if (unsigned(p - first_whole) < n_whole) {
+            dx_dst[p] = v;
+          } else {
+            store_chunk_part<scalar_t>(dx_dst + p, v, p == 0 ? shift : 0, min(16, end - 16 * p));
+          }
           if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, p, grad_mul_of(xb[i], gb[i]), shift, end);
         }
       }

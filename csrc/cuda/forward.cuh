@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 // Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
 // of C (R = 1).
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped>
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
@@ -201,7 +201,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool y_realign = kLayout == kRealigned && y_realign_arg;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  const RowLane rl = row_lane<kPacks>(G, C);
+  // kWholeWarps: rows of 32 lanes or more; without it a realigning or same-phase build serves
+  // rows of fewer (launch.cuh, row_kernel): one warp segment, no cross-warp sum, no cluster.
+  constexpr bool kShortRows = kLayout != kAligned && !kWholeWarps && !kGrouped;
+  const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
   const int group = blk.group;
@@ -313,10 +316,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // The row's parameters: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, rb = b;
     if (grouped) expert_params(grouping, weight, &bias, expert, rw0, rw1, rw2, rb);
-    if (C > 1) {
+    if (!kShortRows && C > 1) {
       cluster_row_reduce<3>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
-      row_reduce<3>(s, red[parity], rl);
+      row_reduce<3, false, kShortRows>(s, red[parity], rl);
     }
 
     // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.

@@ -109,19 +109,30 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 //   threads (row_packs), so it has no 1024-thread build, nor has the fused 4-pack build. Rows of
 //   whole packs on a narrow build (the fused 4-pack rows) take its realigning build, realigning
 //   nothing where they are aligned.
-template <template <int, int> class Build, bool kWide, bool kLarge = !kWide>
+// The realigning and same-phase builds of up to 256 threads come twice: for rows of 32 lanes or
+// more (kWholeWarps, packs.cuh row_lane: W = 32 at compile time) and for shorter rows; a
+// 1024-thread block's rows are always of whole warps. The aligned builds keep one build for every
+// row: with W fixed, ptxas moved some of the aligned backward's row loads past the first wait
+// (bench/sass_load_order.py), and it ran up to 1.3 of an add (bench/NOTES.md v25).
+template <template <int, int, bool> class Build, bool kWide, bool kLarge = !kWide>
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
+  const bool warps = int64_t(plan.G) * plan.cluster >= 32;
   if constexpr (kWide || !kLarge) {
     TORCH_INTERNAL_ASSERT(small, "polynorm: a row build of at most 256 threads launched with ", num(plan.threads),
                           " threads");
     if constexpr (kWide) {
-      if (layout == kAligned) return Build<kAligned, 256>::get();
+      if (layout == kAligned) return Build<kAligned, 256, false>::get();
     }
-    return layout == kSamePhase ? Build<kSamePhase, 256>::get() : Build<kRealigned, 256>::get();
+    if (layout == kSamePhase) return warps ? Build<kSamePhase, 256, true>::get() : Build<kSamePhase, 256, false>::get();
+    return warps ? Build<kRealigned, 256, true>::get() : Build<kRealigned, 256, false>::get();
   } else {
-    if (layout == kSamePhase) return small ? Build<kSamePhase, 256>::get() : Build<kSamePhase, kRowMaxThreads>::get();
-    return small ? Build<kRealigned, 256>::get() : Build<kRealigned, kRowMaxThreads>::get();
+    if (layout == kSamePhase) {
+      if (!small) return Build<kSamePhase, kRowMaxThreads, true>::get();
+      return warps ? Build<kSamePhase, 256, true>::get() : Build<kSamePhase, 256, false>::get();
+    }
+    if (!small) return Build<kRealigned, kRowMaxThreads, true>::get();
+    return warps ? Build<kRealigned, 256, true>::get() : Build<kRealigned, 256, false>::get();
   }
 }
 
@@ -386,13 +397,13 @@ void launch_row_kernel(void (*kernel)(Params...), const RowPlan& plan, int64_t g
 // overrides it.
 template <typename scalar_t, int kPacks, bool kMul>
 struct FwdRowBuild {
-  template <int kLayout, int kMaxThreads>
+  template <int kLayout, int kMaxThreads, bool kWholeWarps>
   struct Of {
-    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false, kWholeWarps>; }
   };
-  template <int kLayout, int kMaxThreads>
+  template <int kLayout, int kMaxThreads, bool kWholeWarps>  // one build for every row (kWholeWarps false)
   struct Grouped {
-    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
+    static auto get() { return &poly_norm_fwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true, false>; }
   };
 };
 
@@ -476,13 +487,13 @@ void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t 
 // for a grouped launch, whose rows write their terms to grouping.row_terms instead).
 template <typename scalar_t, int kPacks, bool kMul>
 struct BwdRowBuild {
-  template <int kLayout, int kMaxThreads>
+  template <int kLayout, int kMaxThreads, bool kWholeWarps>
   struct Of {
-    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false>; }
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, kMul, false, kWholeWarps>; }
   };
-  template <int kLayout, int kMaxThreads>
+  template <int kLayout, int kMaxThreads, bool kWholeWarps>  // one build for every row (kWholeWarps false)
   struct Grouped {
-    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true>; }
+    static auto get() { return &poly_norm_bwd_row_kernel<scalar_t, kPacks, kLayout, kMaxThreads, false, true, false>; }
   };
 };
 

@@ -46,7 +46,10 @@ __device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
 // a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
 // double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
 // adds the warp totals in warp order. The tree depends only on G.
-template <int N, typename acc_t>
+// kRolled (the same-phase backward): the cross-warp loop kept rolled, a warp's N sums in one
+// shared load (red 16-byte aligned); the same order, warp 0, 1, ... for each k. kOneWarp: rows of
+// at most one warp (the short-row builds), no cross-warp code.
+template <int N, bool kRolled = false, bool kOneWarp = false, typename acc_t>
 __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
   if (rl.W == 32) {  // the same tree, unrolled (a row of one warp or more)
 #pragma unroll
@@ -60,7 +63,7 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
       for (int off = rl.W / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
     }
   }
-  if (rl.G > 32) {
+  if (!kOneWarp && rl.G > 32) {
     const int warps = rl.G / 32;
     const int warp = threadIdx.x / 32;
     if (threadIdx.x % 32 == 0) {
@@ -69,11 +72,21 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
     }
     __syncthreads();
     acc_t(*group_red)[N] = red + (warp - (rl.lane >> 5));  // the row's first warp (one CTA: lane < G)
+    if constexpr (kRolled) {
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      acc_t total = group_red[0][k];
-      for (int w = 1; w < warps; ++w) total += group_red[w][k];
-      v[k] = total;
+      for (int k = 0; k < N; ++k) v[k] = group_red[0][k];
+#pragma unroll 1
+      for (int w = 1; w < warps; ++w) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) v[k] += group_red[w][k];
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        acc_t total = group_red[0][k];
+        for (int w = 1; w < warps; ++w) total += group_red[w][k];
+        v[k] = total;
+      }
     }
   }
 }
