@@ -96,7 +96,7 @@ def mul_times(forward_name: str, backward_name: str, x, mul, g, weight, bias) ->
     return t_f, t_b
 
 
-def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor) -> str:
+def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torch.Tensor, triton: bool = True) -> str:
     x = torch.randn(M, H, device="cuda", dtype=dtype)
     mul = torch.randn_like(x)
     g = torch.randn_like(x)
@@ -105,7 +105,9 @@ def mul_row(M: int, H: int, dtype: torch.dtype, weight: torch.Tensor, bias: torc
     t_copy = bench(lambda: out2.copy_(x), floor=True)
     t_add_copy = t_add + t_copy  # read 3, write 2: the backward's bytes
     t_f, t_b = mul_times("mul_forward", "mul_backward", x, mul, g, weight, bias)
-    tf, tb = mul_times("mul_forward_triton", "mul_backward_triton", x, mul, g, weight, bias)
+    tf = tb = float("nan")
+    if triton:
+        tf, tb = mul_times("mul_forward_triton", "mul_backward_triton", x, mul, g, weight, bias)
     return (
         f"{M:7d} {H:6d} {t_add * 1e3:7.1f} {t_f / t_add:6.2f} {tf / t_add:8.2f} "
         f"{t_add_copy * 1e3:8.1f} {t_b / t_add_copy:6.2f} {tb / t_add_copy:8.2f}"
@@ -139,7 +141,7 @@ def main() -> None:
         head = f"{'add':>7} {'mfwd/x':>6} {'trmfwd/x':>8} {'add+copy':>8} {'mbwd/x':>6} {'trmbwd/x':>8}"
         print(f"{'M':>7} {'H':>6} {head}")
         for M, H in shapes:
-            print(mul_row(M, H, dtype, weight, bias), flush=True)
+            print(mul_row(M, H, dtype, weight, bias, triton=not args.no_triton), flush=True)
 
 
 if __name__ == "__main__":

@@ -302,8 +302,11 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
   for (int e = 0; e < kVec; ++e) {
     ClassSums<acc_t> t;
     if constexpr (sizeof(acc_t) == 4) {
-      const uint32_t at = (p < kVec - e ? own : nxt) + e * 32 * sizeof(ClassSums<acc_t>);
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(t.v[0]), "=f"(t.v[1]), "=f"(t.v[2]), "=f"(t.v[3]) : "r"(at));
+      const uint32_t addr = (p < kVec - e ? own : nxt) + e * 32 * sizeof(ClassSums<acc_t>);
+      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(t.v[0]), "=f"(t.v[1]), "=f"(t.v[2]), "=f"(t.v[3])
+                   : "r"(addr)
+                   : "memory");
     } else {
       const int k = e + p;
       t = area[k < kVec ? k * 32 + lane : (k - kVec) * 32 + next];
@@ -349,9 +352,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  // kWholeWarps: rows of 32 lanes or more; without it a realigning or same-phase build serves
-  // rows of fewer (launch.cuh, row_kernel): one warp segment, no cross-warp sum, no cluster.
-  constexpr bool kShortRows = kLayout != kAligned && !kWholeWarps && !kGrouped;
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;

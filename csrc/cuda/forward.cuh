@@ -201,9 +201,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool y_realign = kLayout == kRealigned && y_realign_arg;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  // kWholeWarps: rows of 32 lanes or more; without it a realigning or same-phase build serves
-  // rows of fewer (launch.cuh, row_kernel): one warp segment, no cross-warp sum, no cluster.
-  constexpr bool kShortRows = kLayout != kAligned && !kWholeWarps && !kGrouped;
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;

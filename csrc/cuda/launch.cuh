@@ -109,8 +109,9 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 //   threads (row_packs), so it has no 1024-thread build, nor has the fused 4-pack build. Rows of
 //   whole packs on a narrow build (the fused 4-pack rows) take its realigning build, realigning
 //   nothing where they are aligned.
-// The realigning and same-phase builds of up to 256 threads come twice: for rows of 32 lanes or
-// more (kWholeWarps, packs.cuh row_lane: W = 32 at compile time) and for shorter rows; a
+// The realigning and same-phase builds of up to 256 threads come twice (not the grouped ones, one
+// build each): for rows of 32 lanes or more (kWholeWarps, packs.cuh row_lane: W = 32 at compile
+// time) and for shorter rows (packs.cuh short_rows: no cross-warp sum, no cluster); a
 // 1024-thread block's rows are always of whole warps. The aligned builds keep one build for every
 // row: with W fixed, ptxas moved some of the aligned backward's row loads past the first wait
 // (bench/sass_load_order.py), and it ran up to 1.3 of an add (bench/NOTES.md v25).
@@ -118,22 +119,27 @@ template <template <int, int, bool> class Build, bool kWide, bool kLarge = !kWid
 auto row_kernel(const RowPlan& plan, int layout) {
   const bool small = plan.threads <= 256;
   const bool warps = int64_t(plan.G) * plan.cluster >= 32;
+  // A row of fewer than 32 lanes is one CTA (launch_plan.h, row_plan): the short-row build has no
+  // cluster code, and a 1024-thread block holds rows of more than 256 lanes.
+  TORCH_INTERNAL_ASSERT(warps || (plan.cluster == 1 && small), "polynorm: a row of ", num(plan.G),
+                        " threads in clusters of ", num(plan.cluster), " and blocks of ", num(plan.threads));
+  const auto misaligned = [&](auto layout_c) {
+    constexpr int kLayout = decltype(layout_c)::value;
+    if constexpr (!kWide && kLarge) {
+      if (!small) return Build<kLayout, kRowMaxThreads, true>::get();
+    }
+    return warps ? Build<kLayout, 256, true>::get() : Build<kLayout, 256, false>::get();
+  };
+  using SamePhase = std::integral_constant<int, kSamePhase>;
+  using Realigned = std::integral_constant<int, kRealigned>;
   if constexpr (kWide || !kLarge) {
     TORCH_INTERNAL_ASSERT(small, "polynorm: a row build of at most 256 threads launched with ", num(plan.threads),
                           " threads");
     if constexpr (kWide) {
       if (layout == kAligned) return Build<kAligned, 256, false>::get();
     }
-    if (layout == kSamePhase) return warps ? Build<kSamePhase, 256, true>::get() : Build<kSamePhase, 256, false>::get();
-    return warps ? Build<kRealigned, 256, true>::get() : Build<kRealigned, 256, false>::get();
-  } else {
-    if (layout == kSamePhase) {
-      if (!small) return Build<kSamePhase, kRowMaxThreads, true>::get();
-      return warps ? Build<kSamePhase, 256, true>::get() : Build<kSamePhase, 256, false>::get();
-    }
-    if (!small) return Build<kRealigned, kRowMaxThreads, true>::get();
-    return warps ? Build<kRealigned, 256, true>::get() : Build<kRealigned, 256, false>::get();
   }
+  return layout == kSamePhase ? misaligned(SamePhase{}) : misaligned(Realigned{});
 }
 
 // The SM count and a kernel's resident blocks per SM, cached per device: querying them

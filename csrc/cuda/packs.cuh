@@ -219,8 +219,8 @@ __device__ __forceinline__ RowBlock row_block(int G, int C) {
 // load/store code are those of one CTA of C G threads.
 // kWholeWarps: the build serves rows of 32 lanes or more only (launch.cuh, row_kernel), so W = 32
 // is known at compile time: every slot's index and test is a constant offset. Measured on the
-// misaligned builds: the 5125 backward 1.30 -> 1.15 of an add with the same-phase patches of
-// bench/NOTES.md v25, 9% fewer instructions; the odd-H forwards 3-5% faster.
+// misaligned builds (bench/NOTES.md v25): with the same-phase backward's patches, the 5125
+// backward 1.30 -> 1.14 of an add and 12% fewer instructions; the odd-H forwards 2-5% faster.
 template <int kPacks, bool kWholeWarps = false>
 __device__ __forceinline__ RowLane row_lane(int G, int C) {
   const int rank = C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0;
@@ -459,6 +459,13 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 
 // The row kernels' builds by layout (the kLayout template argument).
 enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
+
+// Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
+// realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
+// row). Such rows are one warp segment of one CTA: no cross-warp sum, no cluster.
+constexpr bool short_rows(int layout, bool whole_warps, bool grouped) {
+  return layout != kAligned && !whole_warps && !grouped;
+}
 
 // Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
 // as odd-H rows of contiguous tensors do): the elementwise part runs on the chunks as

@@ -47,8 +47,8 @@ __device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
 // double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
 // adds the warp totals in warp order. The tree depends only on G.
 // kRolled (the same-phase backward): the cross-warp loop kept rolled, a warp's N sums in one
-// shared load (red 16-byte aligned); the same order, warp 0, 1, ... for each k. kOneWarp: rows of
-// at most one warp (the short-row builds), no cross-warp code.
+// shared load for float sums (red 16-byte aligned; fp64 takes two); the same order, warp 0, 1, ...
+// for each k. kOneWarp: rows of fewer than 32 lanes (the short-row builds), no cross-warp code.
 template <int N, bool kRolled = false, bool kOneWarp = false, typename acc_t>
 __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const RowLane& rl) {
   if (rl.W == 32) {  // the same tree, unrolled (a row of one warp or more)
