@@ -168,20 +168,24 @@ def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
 
 
 @requires_cuda
+@pytest.mark.parametrize("moved", ["all", "mul", "x"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 5125])
-def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H):
-    # The same rows, aligned and one element into a buffer (x, mul and grad_out each): the row
-    # kernels realign what they load, and a row's packs and lanes depend on H and the dtype only,
-    # so out, dx, dmul, dw and db are bitwise the same. bf16 3000 / fp32 1500: the forward's 4-pack
-    # rows (launch_plan.h, row_packs), aligned ones on the realigning build.
+def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
+    # The same rows, aligned and one element into a buffer (x, mul and grad_out each; or mul
+    # alone, or x alone): the row kernels realign what they load (a misaligned mul beside aligned
+    # x and outputs takes the realigning build, which realigns mul's rows as x's), and a row's
+    # packs and lanes depend on H and the dtype only, so out, dx, dmul, dw and db are bitwise the
+    # same. bf16 3000 / fp32 1500: the forward's 4-pack rows (launch_plan.h, row_packs), aligned
+    # ones on the realigning build.
     gen = torch.Generator().manual_seed(seed_for("mul-misaligned-bits", dtype, H))
     x, mul, g = (make_rows(67, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cuda", gen)
     aligned = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-    moved = run_backend_mul("cuda", _misaligned_view(x, 1), _misaligned_view(mul, 1), _misaligned_view(g, 1), w, b, 1e-6)
+    shifted = {name: _misaligned_view(t, 1) if moved in ("all", name) else t for name, t in (("x", x), ("mul", mul), ("g", g))}
+    got = run_backend_mul("cuda", shifted["x"], shifted["mul"], shifted["g"], w, b, 1e-6)
     for name in ("out", "dx", "dmul", "dw", "db"):
-        assert torch.equal(getattr(aligned, name), getattr(moved, name)), name
+        assert torch.equal(getattr(aligned, name), getattr(got, name)), f"{name}, {moved} moved"
     check_against_oracle_mul(aligned, x, mul, g, w, b, 1e-6, what=f"H={H} {dtype}")
 
 

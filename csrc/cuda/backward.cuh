@@ -350,6 +350,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool g_realign = kLayout == kRealigned && g_realign_arg;
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
+  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
@@ -405,27 +406,29 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
-    if constexpr (same_phase) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
+    if constexpr (same_phase && !kMul) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
       issue_rows<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, gb, g_ext, g_row, owned ? H : 0, rl);
-    } else {
-      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
-      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign || same_phase);
+    } else if constexpr (!same_phase) {
+      issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign);
+      issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign);
     }
-    // kMul: gb holds grad_out, mb mul (zero past the row; element-wise loads when mul's
-    // rows are misaligned), and g = grad_out * mul in opmath is PolyNorm's grad_y.
+    // kMul: gb holds grad_out, mb mul (zero past the row), and g = grad_out * mul in opmath is
+    // PolyNorm's grad_y. Same phase: mul's chunks as loaded, with x's and grad_out's; realigned
+    // build: mul's rows realigned as x's are (m_realign); aligned build: packs.
     Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kMul) {
-      const scalar_t* m_row = mul.mul + r * mul.row_stride;
-      if (same_phase) {
-        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
-      } else {
-        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+    const scalar_t* m_row = kMul ? mul.mul + r * mul.row_stride : x_row;
+    if constexpr (kMul && same_phase) {
+      issue_rows<scalar_t, kPacks>({RowRegs<kPacks>{xb, x_ext}, RowRegs<kPacks>{gb, g_ext}, RowRegs<kPacks>{mb, m_ext}},
+                                   {x_row, g_row, m_row}, H, rl);
+    } else if constexpr (kMul && kLayout == kRealigned) {
+      issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
+    } else if constexpr (kMul) {
+      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
-        for (int i = 0; i < kPacks; ++i) {
-          const int p = rl.base + i * rl.W;
-          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
-        }
+      for (int i = 0; i < kPacks; ++i) {
+        const int p = rl.base + i * rl.W;
+        mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
       }
     }
     auto grad_of = [&](const Pack& gp, const Pack& mp, int k) {
@@ -438,15 +441,19 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
     const auto x_last = load_extra(x_row, H, holds_extra);
     const auto g_last = load_extra(g_row, H, holds_extra);
-    const auto m_last = kMul ? load_extra(mul.mul + r * mul.row_stride, H, holds_extra) : x_last;
+    const auto m_last = kMul ? load_extra(m_row, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
-      mask_row_ends(xb, x_ext, gb, g_ext, end, rl, true);
-      if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
+      if constexpr (kMul) {
+        mask_row_ends<kPacks, 3>({RowRegs<kPacks>{xb, x_ext}, RowRegs<kPacks>{gb, g_ext}, RowRegs<kPacks>{mb, m_ext}}, end, rl, true);
+      } else {
+        mask_row_ends(xb, x_ext, gb, g_ext, end, rl, true);
+      }
     } else {
       finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
       finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
+      if constexpr (kMul && kLayout == kRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
     }
 
     // The sums, in the class order (class_sums): the aligned and realigned builds sum element
@@ -544,7 +551,14 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
           } else {
             store_chunk_part<scalar_t>(dx_dst + p, v, p == 0 ? shift : 0, min(16, end - 16 * p));
           }
-          if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, p, grad_mul_of(xb[i], gb[i]), shift, end);
+          if constexpr (kMul) {
+            const Pack u = grad_mul_of(xb[i], gb[i]);
+            if (unsigned(p - first_whole) < n_whole) {  // grad_x's test: the same chunks
+              gm_dst[p] = u;
+            } else {
+              store_chunk_part<scalar_t>(gm_dst + p, u, p == 0 ? shift : 0, min(16, end - 16 * p));
+            }
+          }
         }
       }
       if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {

@@ -199,6 +199,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool kRealign = kLayout != kAligned;
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool y_realign = kLayout == kRealigned && y_realign_arg;
+  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
@@ -246,34 +247,34 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     Pack buf[kPacks];
     issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
-    // during the reduction; element-wise when mul's rows are misaligned.
-    // Same phase: mul's chunks as loaded, like x's.
+    // during the reduction. Same phase: mul's chunks as loaded, like x's; realigned build: mul's
+    // rows realigned as x's are (m_realign).
     Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
-    if constexpr (kMul) {
-      const scalar_t* m_row = mul.mul + (active ? row : 0) * mul.row_stride;
-      if (same_phase) {
-        issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+    const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : x_row;
+    if constexpr (kMul && same_phase) {
+      issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
+    } else if constexpr (kMul && kLayout == kRealigned) {
+      issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
+    } else if constexpr (kMul) {
+      const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+      // mul aligned and whole (the aligned build's usual case): 16-byte packs under one branch,
+      // issued back to back, not load_pack's per-pack branch to an element-wise path, which spread
+      // the 8 loads over ~1300 instructions (the same bits). The element-wise path is written first
+      // (the `if` branch) so that ptxas keeps the packs' loads inline after x's (tests/
+      // test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
+      // 2048 / 4096 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer instructions; 2^26 within the spread.
+      if (!mul.vec_ok || H % P::kVec != 0) {
+#pragma unroll
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
+        }
       } else {
-        const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-        // mul aligned and whole (the aligned build's usual case): 16-byte packs under one branch,
-        // issued back to back, not load_pack's per-pack branch to an element-wise path, which spread
-        // the 8 loads over ~1300 instructions (the same bits). The element-wise path is written first
-        // (the `if` branch) so that ptxas keeps the packs' loads inline after x's (tests/
-        // test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
-        // 2048 / 4096 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer instructions; 2^26 within the spread.
-        if (kLayout != kAligned || !mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
-          for (int i = 0; i < kPacks; ++i) {
-            const int p = rl.base + i * rl.W;
-            mb[i] = p < packs ? load_pack(m_row, p, H, mul.vec_ok) : make_uint4(0u, 0u, 0u, 0u);
-          }
-        } else {
-#pragma unroll
-          for (int i = 0; i < kPacks; ++i) {
-            const int p = rl.base + i * rl.W;
-            mb[i] = p < packs ? reinterpret_cast<const Pack*>(m_row)[p] : make_uint4(0u, 0u, 0u, 0u);
-          }
+        for (int i = 0; i < kPacks; ++i) {
+          const int p = rl.base + i * rl.W;
+          mb[i] = p < packs ? reinterpret_cast<const Pack*>(m_row)[p] : make_uint4(0u, 0u, 0u, 0u);
         }
       }
     }
@@ -282,7 +283,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
     const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
     const auto x_last = load_extra(x_row, H, holds_extra);
-    const auto m_last = kMul ? load_extra(mul.mul + (active ? row : 0) * mul.row_stride, H, holds_extra) : x_last;
+    const auto m_last = kMul ? load_extra(m_row, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {
       // The chunks as loaded, zero past the row's end (mul's too, though only x reaches the sums here;
@@ -293,6 +294,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       stage_row(stage, buf, ext, rl);  // x's chunks, for the sums' realigned packs
     } else {
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
+      if constexpr (kMul && kLayout == kRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
     }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros

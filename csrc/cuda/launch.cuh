@@ -422,7 +422,8 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const RowTuning tuning = row_tuning();
   const RowPlan& row = lp.row;
   check_slots(row, kPacks, H, sizeof(scalar_t));
-  const bool realign = !x_vec_ok || !y_vec_ok;
+  // A misaligned mul takes the realigning build too, which realigns its rows as x's (no element-wise loads).
+  const bool realign = !x_vec_ok || !y_vec_ok || (kMul && !mul.vec_ok);
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
   int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
@@ -513,7 +514,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                          int64_t M, int64_t H, cudaStream_t stream) {
   const RowPlan& row = lp.row;
   check_slots(row, kPacks, H, sizeof(scalar_t));
-  const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && !mul.grad_vec_ok);
+  const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && (!mul.vec_ok || !mul.grad_vec_ok));
   bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
                     same_phase_rows(x_ptr, x_stride, dx_ptr, H);
   if constexpr (kMul) {

@@ -291,8 +291,39 @@ __device__ __forceinline__ void issue_row(Pack (&buf)[kPacks], Pack& ext, const 
   }
 }
 
-// issue_row (realign_rows) of two tensors whose rows start at the same offset into their chunks
-// (the same-phase backward's x and grad_y): one shift, chunk count and test a slot for both.
+// One tensor's row in a lane's registers: its pack slots and the segment's extra chunk (issue_rows,
+// mask_row_ends).
+template <int kPacks>
+struct RowRegs {
+  Pack (&buf)[kPacks];
+  Pack& ext;
+};
+
+// issue_row (realign_rows) of tensors whose rows start at the same offset into their chunks (the
+// same-phase backward's x, grad_y and, kMul, mul): one shift, chunk count and test a slot for all.
+// `rows`: each tensor's row start, in the order of `regs`.
+template <typename scalar_t, int kPacks, bool kMayBeEmpty = false, int kN>
+__device__ __forceinline__ void issue_rows(const RowRegs<kPacks> (&regs)[kN], const scalar_t* const (&rows)[kN],
+                                           int64_t H, const RowLane& rl) {
+  const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(rows[0]) & 15);
+  const Pack* src[kN];
+#pragma unroll
+  for (int t = 0; t < kN; ++t) src[t] = reinterpret_cast<const Pack*>(reinterpret_cast<const char*>(rows[t]) - shift);
+  int chunks = static_cast<int>((shift + H * int64_t(sizeof(scalar_t)) + 15) / 16);
+  if (kMayBeEmpty && H == 0) chunks = 0;  // as issue_row
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = rl.base + i * rl.W;
+    const bool in = p < chunks;
+#pragma unroll
+    for (int t = 0; t < kN; ++t) regs[t].buf[i] = in ? src[t][p] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const bool ext = rl.j == rl.W - 1 && rl.seg_end < chunks;
+#pragma unroll
+  for (int t = 0; t < kN; ++t) regs[t].ext = ext ? src[t][rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
+}
+
+// The same for two tensors (the same-phase backward's x and grad_y).
 template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const scalar_t* a_row, Pack (&b)[kPacks],
                                             Pack& b_ext, const scalar_t* b_row, int64_t H, const RowLane& rl) {
@@ -358,6 +389,15 @@ __device__ __forceinline__ void mask_row_end(Pack (&buf)[kPacks], Pack& ext, int
                                              bool has_ext) {
   at_row_end<kPacks>(end, rl, has_ext,
                      [&](const uint32_t(&m)[4], bool in_ext, int slot) { mask_slot(buf, ext, m, in_ext, slot); });
+}
+
+template <int kPacks, int kN>
+__device__ __forceinline__ void mask_row_ends(const RowRegs<kPacks> (&regs)[kN], int end, const RowLane& rl,
+                                              bool has_ext) {
+  at_row_end<kPacks>(end, rl, has_ext, [&](const uint32_t(&m)[4], bool in_ext, int slot) {
+#pragma unroll
+    for (int t = 0; t < kN; ++t) mask_slot(regs[t].buf, regs[t].ext, m, in_ext, slot);
+  });
 }
 
 template <int kPacks>
