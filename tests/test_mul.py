@@ -90,8 +90,8 @@ def test_layouts(device, backend, H, dtype, layout):
 def test_independent_layouts(device, backend, dtype, H, x_layout, mul_layout, g_layout):
     # Each input is read in its own layout: misaligned x with aligned mul and the reverse,
     # a transposed (copied) one beside a row-strided (in place) one. H = 1024: whole packs, so an
-    # aligned x takes the CUDA forward's aligned build with mul misaligned beside it (mul's
-    # element-wise path in that build; 769 takes the realigning builds).
+    # aligned x with mul misaligned beside it takes the CUDA ops' realigning builds for mul alone
+    # (mul's rows realigned as x's would be; 769 realigns every tensor's rows).
     _case(device, backend, 6, H, dtype, x_layout, mul_layout, g_layout)
 
 

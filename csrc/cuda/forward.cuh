@@ -258,11 +258,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
     } else if constexpr (kMul) {
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-      // mul aligned and whole (the aligned build's usual case): 16-byte packs under one branch,
-      // issued back to back, not load_pack's per-pack branch to an element-wise path, which spread
-      // the 8 loads over ~1300 instructions (the same bits). The element-wise path is written first
-      // (the `if` branch) so that ptxas keeps the packs' loads inline after x's (tests/
-      // test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
+      // mul aligned and whole (the aligned build's only case at run time: a misaligned mul takes
+      // the realigning build): 16-byte packs under one branch, issued back to back, not load_pack's
+      // per-pack branch to an element-wise path, which spread the 8 loads over ~1300 instructions
+      // (the same bits). The element-wise path stays, written first (the `if` branch), so that
+      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
       // 2048 / 4096 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer instructions; 2^26 within the spread.
       if (!mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
