@@ -323,7 +323,9 @@ __device__ __forceinline__ void issue_rows(const RowRegs<kPacks> (&regs)[kN], co
   for (int t = 0; t < kN; ++t) regs[t].ext = ext ? src[t][rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
 }
 
-// The same for two tensors (the same-phase backward's x and grad_y).
+// The same for two tensors (PolyNorm's same-phase backward: x and grad_y), written out rather than
+// through the array form above: through it ptxas scheduled that backward otherwise, 1.5% slower in
+// ncu at bf16 5125 / 16385 (bench/NOTES.md v26, call 1). So is mask_row_ends' two-tensor form.
 template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const scalar_t* a_row, Pack (&b)[kPacks],
                                             Pack& b_ext, const scalar_t* b_row, int64_t H, const RowLane& rl) {
