@@ -514,7 +514,7 @@ def test_mul_ops_forced_families(op, kind):
 
 # (H, x layout, mul layout, grad_out layout). Beside the matrix of test_every_family_matches_the_oracle:
 # - H = 4096, x and grad_out aligned with a misaligned mul (a view one element into a buffer):
-#   the row build that does not realign x, with element-wise loads of mul (and the reverse);
+#   the realigning row build, which realigns mul's rows and not x's (and the reverse);
 # - H = 40000, past every row build's budget: the tiled build with misaligned inputs.
 MUL_LAYOUT_CASES = [
     *[(H, layout, layout, layout) for H in (1, 127, 769, 3000, 5125) for layout in ("contiguous", "misaligned")],

@@ -20,7 +20,8 @@ template <typename scalar_t>
 struct MulArgs {
   const scalar_t* mul;   // [M, H], rows row_stride apart
   int64_t row_stride;
-  bool vec_ok;           // mul's rows are 16-byte aligned (else the realigning build realigns them)
+  bool vec_ok;           // mul's rows are 16-byte aligned (else the realigning row build realigns them;
+                         // the tiled kernels load them element-wise)
   scalar_t* grad_mul;    // backward: [M, H] contiguous
   bool grad_vec_ok;      // grad_mul's rows are 16-byte aligned and H % VEC == 0
   ParamRef bias;         // backward: (1,) any float dtype, for y

@@ -262,7 +262,7 @@ __device__ __forceinline__ Pack shfl_pack(const Pack& v, int src, int width) {
 }
 
 // Loads a row's packs into registers in two steps, so that the loads of several rows
-// (x and grad_y) are in flight together: issue_row starts them, finish_row realigns.
+// (x and grad_y, and mul) are in flight together: issue_row starts them, finish_row realigns.
 // Afterwards buf[i] = pack base + i * W (zero past the row; elements past H inside the
 // last pack are garbage until finish_row masks them). `realign_rows`: some rows of the
 // tensor are not 16-byte aligned; each lane then loads the aligned 16-byte chunk of its
@@ -353,7 +353,8 @@ __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const
 // `ext` when `has_ext`) does any work; the others skip it in one branch. at_row_end finds that
 // lane and calls `apply(m, in_ext, slot)` there: m, the word masks of the bytes to keep; in_ext,
 // whether `ext` holds the chunk, else pack slot `slot`. mask_row_end masks one tensor's packs,
-// mask_row_ends two whose rows start alike (the same-phase backward's x and grad_y: the tests once).
+// mask_row_ends several whose rows start alike (the same-phase backward's x and grad_y, and mul in
+// the fused op's: the tests once).
 template <int kPacks, typename Apply>
 __device__ __forceinline__ void at_row_end(int end, const RowLane& rl, bool has_ext, Apply&& apply) {
   const int last = end > 0 ? (end - 1) / 16 : 0;  // the chunk of the row's last byte
