@@ -175,10 +175,11 @@ def test_cuda_graph_capture(dtype):
 @pytest.mark.parametrize("device,backend", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("H", [64, 65, 257, 3000, 4096, 4097, 5125, 16385])
-@pytest.mark.parametrize("shift", [1, 3, "strided"])
+@pytest.mark.parametrize("shift", [1, 3, "strided", "x-only"])
 def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift):
     # The same rows, once 16-byte aligned and once starting `shift` elements into a buffer
-    # (or `strided`: rows H + 3 elements apart, each starting at another offset): the
+    # (or `strided`: rows H + 3 elements apart, x's and grad_y's each starting at another offset;
+    # `x-only`: x one element in, grad_y aligned, as autograd passes a view's gradient): the
     # kernels realign what they load, so y, dx, dw and db are bitwise the same. H = 65, 257,
     # 4097, 16385: a row one element past whole packs, whose last element its last lane holds
     # apart (launch_plan.h, slot_packs), on 1-4 threads a row (several rows a warp) and on more.
@@ -190,6 +191,9 @@ def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift)
     if shift == "strided":
         buf = torch.empty(M, H + 3, dtype=dtype, device=device)
         x_mis, g_mis = buf[:, 1 : H + 1], torch.empty_like(buf)[:, 2 : H + 2]
+    elif shift == "x-only":
+        x_mis = torch.empty(M * H + 1, dtype=dtype, device=device)[1:].view(M, H)
+        g_mis = torch.empty_like(g)
     else:
         x_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)
         g_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)

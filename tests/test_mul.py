@@ -168,12 +168,12 @@ def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
 
 
 @requires_cuda
-@pytest.mark.parametrize("moved", ["all", "mul", "x"])
+@pytest.mark.parametrize("moved", ["all", "mul", "x", "g"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 5125])
 def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
-    # The same rows, aligned and one element into a buffer (x, mul and grad_out each; or mul
-    # alone, or x alone): the row kernels realign what they load (a misaligned mul beside aligned
+    # The same rows, aligned and one element into a buffer (x, mul and grad_out each; or mul,
+    # x or grad_out alone): the row kernels realign what they load (a misaligned mul beside aligned
     # x and outputs takes the realigning build, which realigns mul's rows as x's), and a row's
     # packs and lanes depend on H and the dtype only, so out, dx, dmul, dw and db are bitwise the
     # same. bf16 3000 / fp32 1500: the forward's 4-pack rows (launch_plan.h, row_packs), aligned

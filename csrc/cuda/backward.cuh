@@ -343,14 +343,19 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using P = PackOf<scalar_t>;
   __shared__ __align__(16) acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
-  // Dynamic: the same-phase build's class areas (a warp's: bwd_class_area_bytes, class_sums),
+  // Dynamic: the same-phase and realigned builds' class areas (a warp's: bwd_class_area_bytes, class_sums),
   // then, C > 1, the cluster slots ([2][C G / 32][4]).
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
+  // The realigned build works in one phase a row (packs.cuh, issue_row_at): x's rows', else
+  // grad_y's, else grad_x's, the first whose flag is false; a flag says that the tensor's rows are
+  // not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
+  // mul.vec_ok false, mul's rows realigned; mul.grad_vec_ok false, as grad_x's, grad_mul's
+  // (launch.cuh, launch_backward_row).
   const bool x_realign = kLayout == kRealigned && x_realign_arg;
   const bool g_realign = kLayout == kRealigned && g_realign_arg;
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
-  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;  // kMul: mul's rows realigned too
+  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;
   constexpr bool same_phase = kLayout == kSamePhase;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
@@ -376,7 +381,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   ClassSums<acc_t>* class_area =
       reinterpret_cast<ClassSums<acc_t>*>(dyn_smem + (threadIdx.x >> 5) * bwd_class_area_bytes<scalar_t>());
-  unsigned char* cluster_slots = dyn_smem + (same_phase ? (blockDim.x >> 5) * bwd_class_area_bytes<scalar_t>() : 0);
+  unsigned char* cluster_slots = dyn_smem + (kRealign ? (blockDim.x >> 5) * bwd_class_area_bytes<scalar_t>() : 0);
   const int64_t step = clusters * R;
   Pack x_ext, g_ext;
   int parity = 0;
@@ -406,15 +411,23 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
+    // Realigned build: the row's phase, each input's start (issue_row_at) and its chunk after ext.
+    int phase = 0, x_start = 0, g_start = 0, m_start = 0;
+    Pack x_ext2, g_ext2, m_ext2;
     if constexpr (same_phase && !kMul) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
       issue_rows<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, gb, g_ext, g_row, owned ? H : 0, rl);
+    } else if constexpr (kLayout == kRealigned) {
+      const scalar_t* phase_row = !x_realign ? x_row : !g_realign ? g_row : grad_x + r * H;
+      phase = static_cast<int>(reinterpret_cast<uintptr_t>(phase_row) & 15);
+      x_start = issue_row_at<scalar_t, kPacks, kGrouped>(xb, x_ext, x_ext2, x_row, owned ? H : 0, rl, phase, x_realign);
+      g_start = issue_row_at<scalar_t, kPacks, kGrouped>(gb, g_ext, g_ext2, g_row, owned ? H : 0, rl, phase, g_realign);
     } else if constexpr (!same_phase) {
       issue_row<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, owned ? H : 0, rl, x_realign);
       issue_row<scalar_t, kPacks, kGrouped>(gb, g_ext, g_row, owned ? H : 0, rl, g_realign);
     }
     // kMul: gb holds grad_out, mb mul (zero past the row), and g = grad_out * mul in opmath is
     // PolyNorm's grad_y. Same phase: mul's chunks as loaded, with x's and grad_out's; realigned
-    // build: mul's rows realigned as x's are (m_realign); aligned build: packs.
+    // build: mul's chunks in the row's phase (m_realign: realigned into it); aligned build: packs.
     Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     const scalar_t* m_row = kMul ? mul.mul + r * mul.row_stride : x_row;
@@ -422,7 +435,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       issue_rows<scalar_t, kPacks>({RowRegs<kPacks>{xb, x_ext}, RowRegs<kPacks>{gb, g_ext}, RowRegs<kPacks>{mb, m_ext}},
                                    {x_row, g_row, m_row}, H, rl);
     } else if constexpr (kMul && kLayout == kRealigned) {
-      issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
+      m_start = issue_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_row, H, rl, phase, m_realign);
     } else if constexpr (kMul) {
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
@@ -443,6 +456,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const auto g_last = load_extra(g_row, H, holds_extra);
     const auto m_last = kMul ? load_extra(m_row, H, holds_extra) : x_last;
     const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    const int chunk_phase = kLayout == kRealigned ? phase : shift;  // the chunks' phase (same-phase: x's)
     if constexpr (same_phase) {  // the chunks as loaded, zero past the row's end (as in forward)
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       if constexpr (kMul) {
@@ -450,16 +464,19 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       } else {
         mask_row_ends(xb, x_ext, gb, g_ext, end, rl, true);
       }
+    } else if constexpr (kLayout == kRealigned) {  // every input's chunks in the row's phase, zero past its end
+      finish_row_at<scalar_t, kPacks>(xb, x_ext, x_ext2, x_start, owned ? H : 0, rl, phase, x_realign);
+      finish_row_at<scalar_t, kPacks>(gb, g_ext, g_ext2, g_start, owned ? H : 0, rl, phase, g_realign);
+      if constexpr (kMul) finish_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_start, H, rl, phase, m_realign);
     } else {
-      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
-      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
-      if constexpr (kMul && kLayout == kRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
+      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, false, false);
+      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, false, false);
     }
 
-    // The sums, in the class order (class_sums): the aligned and realigned builds sum element
-    // k of the lane's packs, slot by slot, for each k in turn, then add the classes in order;
-    // the same-phase build sums its chunks as loaded and takes the classes that belong to its
-    // packs from its own and its next lane's sums. Past the row, the packs hold zeros.
+    // The sums, in the class order (class_sums): the aligned build sums element k of the lane's
+    // packs, slot by slot, for each k in turn, then adds the classes in order; the same-phase and
+    // realigned builds sum their chunks (as loaded; in the row's phase) and take the classes that
+    // belong to its packs from its own and its next lane's sums. Past the row, the packs hold zeros.
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
     const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) {
       const acc_t gx = g * v;
@@ -469,8 +486,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       t[3] += g;
     };
     const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
-    if constexpr (same_phase) {
-      class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, shift, rl, add_to);
+    if constexpr (kRealign) {
+      class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
     } else {
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
@@ -492,7 +509,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     if (!kShortRows && C > 1) {
       cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
-      row_reduce<4, same_phase, kShortRows>(s, red[parity], rl);
+      row_reduce<4, kRealign, kShortRows>(s, red[parity], rl);
     }
 
     if (grouped) {
@@ -529,13 +546,35 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const auto grad_mul_of = [&](const Pack& xp, const Pack& gp) {
       return P::make([&](int k) { return grad_mul_at(P::value(xp, k), P::value(gp, k)); });
     };
-    if constexpr (same_phase) {  // chunk p of every output from chunk p of every input, as in forward
-      const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
+    if (kLayout == kRealigned && dx_realign) {
+      // The outputs realigned out of the row's phase (store_row_from); the last segment's last
+      // lane also computes the chunk after its slots (v_ext). kMul: grad_mul's rows start as grad_x's.
+      Pack dx_ext = make_uint4(0u, 0u, 0u, 0u), gm_ext = make_uint4(0u, 0u, 0u, 0u);
+      if (last_segment && rl.j == rl.W - 1) {
+        dx_ext = dx_of(x_ext, g_ext, m_ext);
+        if constexpr (kMul) gm_ext = grad_mul_of(x_ext, g_ext);
+      }
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(xb[i]);
+        keep_raw(gb[i]);
+        const Pack xp = xb[i], gp = gb[i], mp = mb[kMul ? i : 0];
+        xb[i] = dx_of(xp, gp, mp);
+        if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
+      }
+      store_row_from<scalar_t, kPacks>(grad_x + r * H, xb, dx_ext, H, rl, chunk_phase, last_segment, active);
+      if constexpr (kMul) {
+        store_row_from<scalar_t, kPacks>(mul.grad_mul + r * H, gb, gm_ext, H, rl, chunk_phase, last_segment, active);
+      }
+    } else if constexpr (kRealign) {
+      // Chunk p of every output from chunk p of every input, as in forward (the realigned build:
+      // outputs in the row's phase).
+      const int end = chunk_phase + static_cast<int>(H) * int(sizeof(scalar_t));
       const int chunks = (end + 15) / 16;
-      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(grad_x + r * H) - shift);
-      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<char*>(mul.grad_mul + r * H) - shift) : nullptr;
+      Pack* dx_dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(grad_x + r * H) - chunk_phase);
+      Pack* gm_dst = kMul ? reinterpret_cast<Pack*>(reinterpret_cast<char*>(mul.grad_mul + r * H) - chunk_phase) : nullptr;
       // Whole chunks: [first_whole, end / 16); the others (the row's two ends) narrowly.
-      const int first_whole = shift != 0 ? 1 : 0;
+      const int first_whole = chunk_phase != 0 ? 1 : 0;
       const int whole_hi = end >> 4;
       const unsigned n_whole = active && whole_hi > first_whole ? unsigned(whole_hi - first_whole) : 0u;
       const int chunks_a = active ? chunks : 0;
@@ -549,21 +588,21 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
           if (unsigned(p - first_whole) < n_whole) {
             dx_dst[p] = v;
           } else {
-            store_chunk_part<scalar_t>(dx_dst + p, v, p == 0 ? shift : 0, min(16, end - 16 * p));
+            store_chunk_part<scalar_t>(dx_dst + p, v, p == 0 ? chunk_phase : 0, min(16, end - 16 * p));
           }
           if constexpr (kMul) {
             const Pack u = grad_mul_of(xb[i], gb[i]);
             if (unsigned(p - first_whole) < n_whole) {  // grad_x's test: the same chunks
               gm_dst[p] = u;
             } else {
-              store_chunk_part<scalar_t>(gm_dst + p, u, p == 0 ? shift : 0, min(16, end - 16 * p));
+              store_chunk_part<scalar_t>(gm_dst + p, u, p == 0 ? chunk_phase : 0, min(16, end - 16 * p));
             }
           }
         }
       }
       if (active && last_segment && rl.j == rl.W - 1 && rl.seg_end < chunks) {
-        store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), shift, end);
-        if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), shift, end);
+        store_own_chunk<scalar_t>(dx_dst, rl.seg_end, dx_of(x_ext, g_ext, m_ext), chunk_phase, end);
+        if constexpr (kMul) store_own_chunk<scalar_t>(gm_dst, rl.seg_end, grad_mul_of(x_ext, g_ext), chunk_phase, end);
       }
     } else {
 #pragma unroll
@@ -575,9 +614,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         xb[i] = dx_of(xp, gp, mp);
         if constexpr (kMul) gb[i] = grad_mul_of(xp, gp);
       }
-      store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, dx_realign, active);
+      store_row<scalar_t, kPacks>(grad_x + r * H, xb, H, rl, false, active);
       if constexpr (kMul) {
-        store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, kLayout == kRealigned && !mul.grad_vec_ok, active);
+        store_row<scalar_t, kPacks>(mul.grad_mul + r * H, gb, H, rl, false, active);
       }
       if (extra && active && rl.lane == rl.G - 1) {
         store_extra(grad_x + r * H, H, dx_at(x_e, g_e));

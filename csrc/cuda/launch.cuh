@@ -531,12 +531,39 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     }
     return k;
   };
-  const auto smem_of = [&](int l) {  // the same-phase build's class areas (backward.cuh, class_sums), the cluster slots
-    return (l == kSamePhase ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
+  // The same-phase and realigned builds' class areas (backward.cuh, class_sums), the cluster slots:
+  // at most 32 KB (a CTA of 256 threads; fp64 16) and 8 KB, which every device gives a block.
+  const auto smem_of = [&](int l) {
+    return (l != kAligned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
            cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   };
-  if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;  // as forward
   const auto kernel = build(layout);
+  TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
+                        " bytes of shared memory do not fit");
+  // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one
+  // that the most tensors share; the flags say which tensors are realigned into or out of it
+  // (kMul: mul's and grad_mul's in `margs`' vec_ok and grad_vec_ok).
+  bool x_flag = !x_vec_ok, g_flag = !g_vec_ok, dx_flag = !dx_vec_ok;
+  MulArgs<scalar_t> margs = mul;
+  if (layout == kRealigned) {
+    struct Rows {
+      const scalar_t* ptr;
+      int64_t stride;
+    };
+    const Rows xr{x_ptr, x_stride}, gr{g_ptr, g_stride}, dxr{dx_ptr, H};
+    const Rows mr{kMul ? mul.mul : x_ptr, kMul ? mul.row_stride : x_stride}, gmr{kMul ? mul.grad_mul : dx_ptr, H};
+    const auto off = [](const Rows& a, const Rows& b) { return !same_phase_rows(a.ptr, a.stride, b.ptr, b.stride); };
+    const auto realigned = [&](const Rows& ref) {
+      return int(off(xr, ref)) + int(off(gr, ref)) + int(off(dxr, ref)) + (kMul ? int(off(mr, ref)) + int(off(gmr, ref)) : 0);
+    };
+    Rows ref = xr;
+    if (realigned(gr) < realigned(ref)) ref = gr;
+    if (realigned(dxr) < realigned(ref)) ref = dxr;
+    x_flag = off(xr, ref), g_flag = off(gr, ref), dx_flag = off(dxr, ref);
+    margs.vec_ok = !off(mr, ref);
+    margs.grad_vec_ok = !off(gmr, ref);
+    TORCH_INTERNAL_ASSERT(!kMul || margs.grad_vec_ok == !dx_flag, "polynorm: grad_mul's rows start unlike grad_x's");
+  }
   const size_t smem = cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   // Persistent, or a block per R rows where the partials are summed apart (below; with the last
   // block's sum a block per row ran 1.5-1.7 of an add, bench/NOTES.md v8); the tuning may say otherwise.
@@ -579,8 +606,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
     pg.apart = apart;
   }
-  launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, !g_vec_ok, x_ptr, x_stride, !x_vec_ok, rstd,
-                    weight, dx_ptr, !dx_vec_ok, pg, mul, grouping, M, H, row.G, row.cluster,
+  launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, g_flag, x_ptr, x_stride, x_flag, rstd,
+                    weight, dx_ptr, dx_flag, pg, margs, grouping, M, H, row.G, row.cluster,
                     row_stagger(sizing, row, M, blocks, smem, waves, true));
   if (apart) launch_param_sum(pg, blocks, stream);
   return true;

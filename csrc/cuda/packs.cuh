@@ -594,6 +594,132 @@ __device__ __forceinline__ void store_own_chunk(Pack* dst, int p, const Pack& v,
   }
 }
 
+// store_own_chunk with the chunk's bytes ending at `hi` (1..16) rather than at the row's end.
+template <typename scalar_t>
+__device__ __forceinline__ void store_own_chunk_part(Pack* dst, int p, const Pack& v, int shift, int hi) {
+  const int lo = p == 0 ? shift : 0;
+  if (lo == 0 && hi == 16) {
+    dst[p] = v;
+  } else {
+    store_chunk_part<scalar_t>(dst + p, v, lo, hi);
+  }
+}
+// ----------------------------------------------------------------------------------
+// The realigned backward (backward.cuh, kRealigned): a row's tensors start at different offsets
+// into their 16-byte chunks (a view one element in beside contiguous tensors, odd H). It works
+// in one phase a row, that of x's, grad_y's or grad_x's rows (launch.cuh picks the one most
+// tensors share): every input is held as the chunks of that phase, as the same-phase build holds
+// its rows, so that its sums (class_sums) and its elementwise part are the same-phase build's.
+// An input of another phase is realigned into it as it arrives (issue_row_at, finish_row_at), and
+// an output of another phase realigned out of it as it is stored (store_row_from): a shuffle and a
+// realignment a chunk of each such tensor only. (Before, every misaligned tensor was realigned to
+// whole packs and back: a view of x and grad_y one element in at odd H read 1.31-1.50 of an add,
+// bench/NOTES.md v26-v27.)
+// Chunk q of a row in phase `phase` holds the row's bytes [16 q - phase, 16 q + 16 - phase).
+// ----------------------------------------------------------------------------------
+
+// Issues the loads of a row for finish_row_at. Without `realign` the row is in `phase` (its
+// chunks as loaded: issue_row's). Otherwise chunk q in `phase` is realign_any(base[q], base[q + 1],
+// start - phase) of the aligned chunks `base` from which the row's first byte lies `start` bytes
+// on (start - phase in 0..15: start is the row's offset into its first chunk, or 16 more where
+// that offset is below `phase`, base then one chunk earlier, never loaded). The segment's last
+// lane holds the chunk after its slots in `ext` and, realigning, the one after that in `ext2`.
+// Returns `start`.
+template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
+__device__ __forceinline__ int issue_row_at(Pack (&buf)[kPacks], Pack& ext, Pack& ext2, const scalar_t* row,
+                                            int64_t H, const RowLane& rl, int phase, bool realign) {
+  const int offset = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+  const int start = realign && offset < phase ? 16 + offset : offset;
+  const Pack* base = reinterpret_cast<const Pack*>(reinterpret_cast<const char*>(row) - start);
+  const int first = start >> 4;  // base[0] before the row (start >= 16): not loaded
+  int chunks = static_cast<int>((start + H * int64_t(sizeof(scalar_t)) + 15) / 16);
+  if (kMayBeEmpty && H == 0) chunks = first;  // no chunk (as issue_row)
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const int p = rl.base + i * rl.W;
+    buf[i] = unsigned(p - first) < unsigned(chunks - first) ? base[p] : make_uint4(0u, 0u, 0u, 0u);
+  }
+  const bool last = rl.j == rl.W - 1;
+  ext = last && rl.seg_end < chunks ? base[rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
+  ext2 = realign && last && rl.seg_end + 1 < chunks ? base[rl.seg_end + 1] : make_uint4(0u, 0u, 0u, 0u);
+  return start;
+}
+
+// Completes issue_row_at: zeroes what the chunks hold past the row's end (mask_row_end, and ext2
+// where it holds that end), then, `realign`, realigns the chunks into `phase`: slot i from its
+// chunk and the next one (the next lane's slot i; for the segment's last lane, lane 0's slot i +
+// 1, or ext after its last slot), ext from ext and ext2. Then every chunk holds the row's bytes in
+// `phase` and zeros past its end.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void finish_row_at(Pack (&buf)[kPacks], Pack& ext, Pack& ext2, int start, int64_t H,
+                                              const RowLane& rl, int phase, bool realign) {
+  const int end = start + static_cast<int>(H) * int(sizeof(scalar_t));
+  mask_row_end(buf, ext, end, rl, true);
+  if (!realign) return;
+  if (end > 0 && rl.j == rl.W - 1 && (end - 1) / 16 == rl.seg_end + 1) {  // the end's chunk in ext2
+    const int keep = end - 16 * (rl.seg_end + 1);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int n = keep - 4 * k;
+      word(ext2, k) &= n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
+    }
+  }
+  const int shift = start - phase;
+  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+    Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+    if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+    buf[i] = realign_any(buf[i], next, shift);
+  }
+  ext = realign_any(ext, ext2, shift);
+}
+
+// Stores a row held as chunks in `phase` (v; the last segment's last lane: `v_ext`, the chunk
+// after its slots) into `row`, which starts elsewhere in its chunk (at `to`): its chunk q from
+// the held chunks q - up and q - up + 1 (up = 1 where `to` > `phase`), `shift` = phase - to (mod
+// 16) bytes on. Narrowly only at the row's two ends and where two segments meet: a segment's
+// last lane writes the part of its last chunk that its own slot holds, the next segment's first
+// lane the rest (as store_row).
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kPacks], const Pack& v_ext, int64_t H,
+                                               const RowLane& rl, int phase, bool last_segment, bool active) {
+  const int to = static_cast<int>(reinterpret_cast<uintptr_t>(row) & 15);
+  Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(row) - to);
+  const int end = to + static_cast<int>(H) * int(sizeof(scalar_t));  // the row's end, in bytes from dst
+  const int chunks = (end + 15) / 16;
+  const int shift = (phase - to) & 15;
+  const int up = phase < to ? 1 : 0;
+  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+  const bool seg_last_lane = rl.j == rl.W - 1;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? v[i + 1 < kPacks ? i + 1 : i] : v[i];
+    Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+    const bool seg_last = seg_last_lane && i + 1 == kPacks;  // next: the next segment's (or v_ext)
+    if (seg_last) next = v_ext;
+    const int q = rl.base + i * rl.W + up;
+    if (!active || q >= chunks) continue;
+    // The segment's last chunk: only its own bytes, but in the last segment (v_ext follows).
+    const int hi = min(seg_last && !last_segment ? 16 - shift : 16, end - 16 * q);
+    store_own_chunk_part<scalar_t>(dst, q, realign_any(v[i], next, shift), to, hi);
+  }
+  if (!active) return;
+  // The head of a segment's first chunk: the bytes [16 - shift, 16) of chunk base + up - 1 (the
+  // row's first chunk: from `to` on; before the first segment with up = 0: not the row's).
+  const int head = rl.base + up - 1;
+  if (rl.j == 0 && shift != 0 && head >= 0) {
+    store_chunk_part<scalar_t>(dst + head, realign_any(v[0], v[0], shift), max(16 - shift, head == 0 ? to : 0),
+                               min(16, end - 16 * head));
+  }
+  // The row's chunk after the last segment's slots.
+  if (last_segment && seg_last_lane && rl.seg_end + up < chunks) {
+    store_own_chunk_part<scalar_t>(dst, rl.seg_end + up, realign_any(v_ext, v_ext, shift), to,
+                                   min(16, end - 16 * (rl.seg_end + up)));
+  }
+}
+
 // A row one element past the packs its lanes hold (launch_plan.h, slot_packs; rows not of whole
 // packs, so the realigning builds only): the row's last lane holds that element, at H - 1, as a
 // raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the
