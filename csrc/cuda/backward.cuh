@@ -357,13 +357,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
   const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;
   constexpr bool same_phase = kLayout == kSamePhase;
-  // Realigned build: the phase is 0 in every row where that tensor's rows are all 16-byte aligned
-  // (grad_x's, when H is whole packs): its chunks are then the row's packs, summed as the aligned
-  // build sums them, with no class exchange (class_sums).
-  const void* phase_ptr = !x_realign ? static_cast<const void*>(x) : !g_realign ? static_cast<const void*>(grad_y) : grad_x;
-  const int64_t phase_stride = !x_realign ? x_row_stride : !g_realign ? g_row_stride : H;
-  const bool phase0 = kLayout == kRealigned &&
-                      ((reinterpret_cast<uintptr_t>(phase_ptr) | uintptr_t(phase_stride * int64_t(sizeof(scalar_t)))) & 15) == 0;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
@@ -493,7 +486,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       t[3] += g;
     };
     const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
-    const auto pack_sums = [&] {
+    if constexpr (kRealign) {
+      class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
+    } else {
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) {
         acc_t c[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
@@ -502,15 +497,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
 #pragma unroll
         for (int q = 0; q < 4; ++q) s[q] += c[q];
       }
-    };
-    if constexpr (kRealign) {
-      if (phase0) {
-        pack_sums();  // chunks of phase 0 are the row's packs
-      } else {
-        class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
-      }
-    } else {
-      pack_sums();
     }
     // The row's last element, past its slots: zero but on the row's last lane.
     const acc_t x_e = Elem<scalar_t>::to_acc(x_last);

@@ -540,14 +540,9 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const auto kernel = build(layout);
   TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
                         " bytes of shared memory do not fit");
-  // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows. Each
-  // tensor not in it is realigned (a shuffle and a realignment a chunk), and a phase other than 0
-  // in every row costs the class exchange of the sums (class_sums), measured dearer than one
-  // realignment: bf16 H = 4096, x and grad_y one element in, 1.04 of an add on phase 0 (both
-  // realigned in) against 1.13 in theirs (grad_x realigned out; bench/NOTES.md v27). So the phase
-  // is the one of least realignments, a phase not 0 counting one and a half. The flags say which
-  // tensors are realigned into or out of it (kMul: mul's and grad_mul's in `margs`' vec_ok and
-  // grad_vec_ok).
+  // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one
+  // that the most tensors share; the flags say which tensors are realigned into or out of it
+  // (kMul: mul's and grad_mul's in `margs`' vec_ok and grad_vec_ok).
   bool x_flag = !x_vec_ok, g_flag = !g_vec_ok, dx_flag = !dx_vec_ok;
   MulArgs<scalar_t> margs = mul;
   if (layout == kRealigned) {
@@ -558,14 +553,12 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     const Rows xr{x_ptr, x_stride}, gr{g_ptr, g_stride}, dxr{dx_ptr, H};
     const Rows mr{kMul ? mul.mul : x_ptr, kMul ? mul.row_stride : x_stride}, gmr{kMul ? mul.grad_mul : dx_ptr, H};
     const auto off = [](const Rows& a, const Rows& b) { return !same_phase_rows(a.ptr, a.stride, b.ptr, b.stride); };
-    const auto cost = [&](const Rows& ref) {  // in half realignments
-      const bool phase0 = reinterpret_cast<uintptr_t>(ref.ptr) % 16 == 0 && (ref.stride * int64_t(sizeof(scalar_t))) % 16 == 0;
-      const int n = int(off(xr, ref)) + int(off(gr, ref)) + int(off(dxr, ref)) + (kMul ? int(off(mr, ref)) + int(off(gmr, ref)) : 0);
-      return 2 * n + (phase0 ? 0 : 3);
+    const auto realigned = [&](const Rows& ref) {
+      return int(off(xr, ref)) + int(off(gr, ref)) + int(off(dxr, ref)) + (kMul ? int(off(mr, ref)) + int(off(gmr, ref)) : 0);
     };
     Rows ref = xr;
-    if (cost(gr) < cost(ref)) ref = gr;
-    if (cost(dxr) < cost(ref)) ref = dxr;
+    if (realigned(gr) < realigned(ref)) ref = gr;
+    if (realigned(dxr) < realigned(ref)) ref = dxr;
     x_flag = off(xr, ref), g_flag = off(gr, ref), dx_flag = off(dxr, ref);
     margs.vec_ok = !off(mr, ref);
     margs.grad_vec_ok = !off(gmr, ref);
