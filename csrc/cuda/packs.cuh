@@ -355,6 +355,11 @@ __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const
 // whether `ext` holds the chunk, else pack slot `slot`. mask_row_end masks one tensor's packs,
 // mask_row_ends several whose rows start alike (the same-phase backward's x and grad_y, and mul in
 // the fused op's: the tests once).
+// The mask of a word's bytes to keep, its first n (none for n <= 0, all for n >= 4).
+__device__ __forceinline__ uint32_t keep_mask(int n) {
+  return n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
+}
+
 template <int kPacks, typename Apply>
 __device__ __forceinline__ void at_row_end(int end, const RowLane& rl, bool has_ext, Apply&& apply) {
   const int last = end > 0 ? (end - 1) / 16 : 0;  // the chunk of the row's last byte
@@ -366,10 +371,7 @@ __device__ __forceinline__ void at_row_end(int end, const RowLane& rl, bool has_
   if (!in_slot && !in_ext) return;
   uint32_t m[4];
 #pragma unroll
-  for (int k = 0; k < 4; ++k) {
-    const int n = keep - 4 * k;  // bytes of word k to keep
-    m[k] = n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
-  }
+  for (int k = 0; k < 4; ++k) m[k] = keep_mask(keep - 4 * k);
   apply(m, in_ext, off >> rl.wlog);
 }
 
@@ -412,6 +414,21 @@ __device__ __forceinline__ void mask_row_ends(Pack (&a)[kPacks], Pack& a_ext, Pa
   });
 }
 
+// Realigns a lane's slots: slot i becomes the 16 bytes from `shift` on of its chunk and the next
+// one. The next chunk is the next lane's slot i; for the segment's last lane, lane 0's slot i + 1,
+// or `ext` after its last slot. Every lane of the segment takes part (a shuffle a slot).
+template <int kPacks>
+__device__ __forceinline__ void realign_slots(Pack (&buf)[kPacks], const Pack& ext, const RowLane& rl, int shift) {
+  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
+    Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
+    if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
+    buf[i] = realign_any(buf[i], next, shift);
+  }
+}
+
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], Pack& ext, const scalar_t* row, int64_t H,
                                            const RowLane& rl, bool realign_rows, bool mask_tail) {
@@ -420,18 +437,7 @@ __device__ __forceinline__ void finish_row(Pack (&buf)[kPacks], Pack& ext, const
   // packs past the end and the tail of a partial last pack read zeros: the sums need no
   // per-element test. Without mask_tail the row is whole packs.
   if (mask_tail) mask_row_end(buf, ext, shift + static_cast<int>(H) * int(sizeof(scalar_t)), rl, realign_rows);
-  if (realign_rows) {
-    const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
-    // Pack p = the chunks p and p + 1 from `shift` on. Chunk p + 1 is the next lane's
-    // chunk; for the segment's last lane, lane 0's next one (or ext, after the last).
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
-      Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
-      if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
-      buf[i] = realign_any(buf[i], next, shift);
-    }
-  }
+  if (realign_rows) realign_slots(buf, ext, rl, shift);  // pack p: the chunks p and p + 1 from `shift` on
 }
 
 // Writes elements of `v` at byte offsets [lo, hi) of the 16-byte chunk `dst`.
@@ -659,20 +665,10 @@ __device__ __forceinline__ void finish_row_at(Pack (&buf)[kPacks], Pack& ext, Pa
   if (end > 0 && rl.j == rl.W - 1 && (end - 1) / 16 == rl.seg_end + 1) {  // the end's chunk in ext2
     const int keep = end - 16 * (rl.seg_end + 1);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const int n = keep - 4 * k;
-      word(ext2, k) &= n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
-    }
+    for (int k = 0; k < 4; ++k) word(ext2, k) &= keep_mask(keep - 4 * k);
   }
   const int shift = start - phase;
-  const int from = rl.j + 1 == rl.W ? 0 : rl.j + 1;
-#pragma unroll
-  for (int i = 0; i < kPacks; ++i) {
-    const Pack offer = (rl.j == 0 && i + 1 < kPacks) ? buf[i + 1 < kPacks ? i + 1 : i] : buf[i];
-    Pack next = shfl_pack(offer, from, rl.W);  // every lane takes part
-    if (rl.j == rl.W - 1 && i + 1 == kPacks) next = ext;
-    buf[i] = realign_any(buf[i], next, shift);
-  }
+  realign_slots(buf, ext, rl, shift);
   ext = realign_any(ext, ext2, shift);
 }
 
