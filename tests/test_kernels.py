@@ -173,16 +173,18 @@ def test_cuda_graph_capture(dtype):
 
 
 @pytest.mark.parametrize("device,backend", KERNELS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("H", [64, 65, 257, 3000, 4096, 4097, 5125, 16385])
-@pytest.mark.parametrize("shift", [1, 3, "strided", "x-only"])
+@pytest.mark.parametrize("shift", [1, 3, "strided", "x-only", "g-stride0"])
 def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift):
     # The same rows, once 16-byte aligned and once starting `shift` elements into a buffer
     # (or `strided`: rows H + 3 elements apart, x's and grad_y's each starting at another offset;
-    # `x-only`: x one element in, grad_y aligned, as autograd passes a view's gradient): the
-    # kernels realign what they load, so y, dx, dw and db are bitwise the same. H = 65, 257,
-    # 4097, 16385: a row one element past whole packs, whose last element its last lane holds
-    # apart (launch_plan.h, slot_packs), on 1-4 threads a row (several rows a warp) and on more.
+    # `x-only`: x one element in, grad_y aligned, as autograd passes a view's gradient;
+    # `g-stride0`: x one element in beside a grad_y of one row expanded (row stride 0), as the
+    # gradient of a sum is): the kernels realign what they load, so y, dx, dw and db are
+    # bitwise the same. H = 65, 257, 4097, 16385: a row one element past whole packs, whose
+    # last element its last lane holds apart (launch_plan.h, slot_packs), on 1-4 threads a row
+    # (several rows a warp) and on more.
     gen = torch.Generator().manual_seed(seed_for("misaligned-bits", device, dtype, H, shift))
     M = 67 if device == "cuda" else 5
     x = make_rows(M, H, dtype, device, "contiguous", gen)
@@ -194,11 +196,19 @@ def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift)
     elif shift == "x-only":
         x_mis = torch.empty(M * H + 1, dtype=dtype, device=device)[1:].view(M, H)
         g_mis = torch.empty_like(g)
+    elif shift == "g-stride0":
+        x_mis = torch.empty(M * H + 1, dtype=dtype, device=device)[1:].view(M, H)
+        g = g[:1].expand(M, H).contiguous()  # the aligned run's grad_y: the same row in every row
+        g_mis = torch.empty(1, H, dtype=dtype, device=device).expand(M, H)
     else:
         x_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)
         g_mis = torch.empty(M * H + shift, dtype=dtype, device=device)[shift:].view(M, H)
     x_mis.copy_(x)
-    g_mis.copy_(g)
+    if shift == "g-stride0":
+        g_mis[:1].copy_(g[:1])
+        assert g_mis.stride(0) == 0
+    else:
+        g_mis.copy_(g)
     assert x_mis.data_ptr() % 16 != 0
     aligned = run_backend(backend, x, g, w, b, 1e-6)
     moved = run_backend(backend, x_mis, g_mis, w, b, 1e-6)

@@ -168,12 +168,12 @@ def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
 
 
 @requires_cuda
-@pytest.mark.parametrize("moved", ["all", "mul", "x", "g"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("moved", ["all", "mul", "x", "g", "x,mul"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 5125])
 def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
-    # The same rows, aligned and one element into a buffer (x, mul and grad_out each; or mul,
-    # x or grad_out alone): the row kernels realign what they load (a misaligned mul beside aligned
+    # The same rows, aligned and one element into a buffer (x, mul and grad_out each; mul, x or
+    # grad_out alone; or x and mul, beside aligned grad_out and outputs): the row kernels realign what they load (a misaligned mul beside aligned
     # x and outputs takes the realigning build, which realigns mul's rows as x's), and a row's
     # packs and lanes depend on H and the dtype only, so out, dx, dmul, dw and db are bitwise the
     # same. bf16 3000 / fp32 1500: the forward's 4-pack rows (launch_plan.h, row_packs), aligned
@@ -182,7 +182,7 @@ def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
     x, mul, g = (make_rows(67, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cuda", gen)
     aligned = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-    shifted = {name: _misaligned_view(t, 1) if moved in ("all", name) else t for name, t in (("x", x), ("mul", mul), ("g", g))}
+    shifted = {name: _misaligned_view(t, 1) if moved == "all" or name in moved.split(",") else t for name, t in (("x", x), ("mul", mul), ("g", g))}
     got = run_backend_mul("cuda", shifted["x"], shifted["mul"], shifted["g"], w, b, 1e-6)
     for name in ("out", "dx", "dmul", "dw", "db"):
         assert torch.equal(getattr(aligned, name), getattr(got, name)), f"{name}, {moved} moved"

@@ -347,15 +347,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   // then, C > 1, the cluster slots ([2][C G / 32][4]).
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
+  // The rows as chunks, summed in the class order through the class areas (class_sums): the
+  // same-phase and realigned builds; the aligned and pack-realigned ones hold packs.
+  constexpr bool kChunks = kLayout == kRealigned || kLayout == kSamePhase;
+  constexpr bool kToPacks = kLayout == kPackRealigned;  // misaligned inputs realigned to packs (finish_row)
   // The realigned build works in one phase a row (packs.cuh, issue_row_at): x's rows', else
   // grad_y's, else grad_x's, the first whose flag is false; a flag says that the tensor's rows are
   // not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
   // mul.vec_ok false, mul's rows realigned; mul.grad_vec_ok false, as grad_x's, grad_mul's
-  // (launch.cuh, launch_backward_row).
-  const bool x_realign = kLayout == kRealigned && x_realign_arg;
-  const bool g_realign = kLayout == kRealigned && g_realign_arg;
+  // (launch.cuh, launch_backward_row). The pack-realigned build: a flag says that the tensor's
+  // rows are not 16-byte aligned (grad_x's and grad_mul's always are: no flag is read for them).
+  const bool x_realign = (kLayout == kRealigned || kToPacks) && x_realign_arg;
+  const bool g_realign = (kLayout == kRealigned || kToPacks) && g_realign_arg;
   const bool dx_realign = kLayout == kRealigned && dx_realign_arg;
-  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;
+  const bool m_realign = kMul && (kLayout == kRealigned || kToPacks) && !mul.vec_ok;
   constexpr bool same_phase = kLayout == kSamePhase;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
@@ -381,7 +386,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   acc_t part[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};  // this group's rows, in order
   ClassSums<acc_t>* class_area =
       reinterpret_cast<ClassSums<acc_t>*>(dyn_smem + (threadIdx.x >> 5) * bwd_class_area_bytes<scalar_t>());
-  unsigned char* cluster_slots = dyn_smem + (kRealign ? (blockDim.x >> 5) * bwd_class_area_bytes<scalar_t>() : 0);
+  unsigned char* cluster_slots = dyn_smem + (kChunks ? (blockDim.x >> 5) * bwd_class_area_bytes<scalar_t>() : 0);
   const int64_t step = clusters * R;
   Pack x_ext, g_ext;
   int parity = 0;
@@ -436,6 +441,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
                                    {x_row, g_row, m_row}, H, rl);
     } else if constexpr (kMul && kLayout == kRealigned) {
       m_start = issue_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_row, H, rl, phase, m_realign);
+    } else if constexpr (kMul && kToPacks) {
+      issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
     } else if constexpr (kMul) {
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll
@@ -468,9 +475,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       finish_row_at<scalar_t, kPacks>(xb, x_ext, x_ext2, x_start, owned ? H : 0, rl, phase, x_realign);
       finish_row_at<scalar_t, kPacks>(gb, g_ext, g_ext2, g_start, owned ? H : 0, rl, phase, g_realign);
       if constexpr (kMul) finish_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_start, H, rl, phase, m_realign);
-    } else {
-      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, false, false);
-      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, false, false);
+    } else {  // aligned: nothing to do; pack-realigned: every misaligned input realigned to packs
+      finish_row<scalar_t, kPacks>(xb, x_ext, x_row, H, rl, x_realign, kRealign);
+      finish_row<scalar_t, kPacks>(gb, g_ext, g_row, H, rl, g_realign, kRealign);
+      if constexpr (kMul && kToPacks) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
     }
 
     // The sums, in the class order (class_sums): the aligned build sums element k of the lane's
@@ -486,7 +494,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       t[3] += g;
     };
     const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
-    if constexpr (kRealign) {
+    if constexpr (kChunks) {
       class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
     } else {
 #pragma unroll
@@ -509,7 +517,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     if (!kShortRows && C > 1) {
       cluster_row_reduce<4>(s, reinterpret_cast<acc_t*>(cluster_slots), parity, rl, C, started);
     } else {
-      row_reduce<4, kRealign, kShortRows>(s, red[parity], rl);
+      row_reduce<4, kChunks, kShortRows>(s, red[parity], rl);
     }
 
     if (grouped) {
@@ -566,7 +574,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if constexpr (kMul) {
         store_row_from<scalar_t, kPacks>(mul.grad_mul + r * H, gb, gm_ext, H, rl, chunk_phase, last_segment, active);
       }
-    } else if constexpr (kRealign) {
+    } else if constexpr (kChunks) {
       // Chunk p of every output from chunk p of every input, as in forward (the realigned build:
       // outputs in the row's phase).
       const int end = chunk_phase + static_cast<int>(H) * int(sizeof(scalar_t));

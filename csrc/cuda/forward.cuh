@@ -190,16 +190,27 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
-  // Dynamic: the same-phase build's stage areas (a warp's: stage_words), then, C > 1, the
+  // Dynamic: the same-phase and realigned builds' stage areas (a warp's: stage_words), then, C > 1, the
   // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
-  // (no realignment code, no registers for it); kRealigned, rows realigned on load and
-  // store; kSamePhase, rows that start alike in every tensor (stage_row).
+  // (no realignment code, no registers for it); kSamePhase, rows that start alike in every
+  // tensor (stage_row); kRealigned, rows that do not: one phase a row, x's rows' or, where
+  // x_realign_arg says that x's rows are not in it, y's (launch.cuh, launch_forward_row),
+  // x (and mul) realigned into it as they arrive (issue_row_at), y out of it as it is stored
+  // (store_row_from), the sums through the stage as the same-phase build's; kPackRealigned,
+  // rows realigned to whole packs on load and back on store (misaligned x or mul beside a y of
+  // whole aligned packs, and the fallback where the stage does not fit).
   constexpr bool kRealign = kLayout != kAligned;
-  const bool x_realign = kLayout == kRealigned && x_realign_arg;
-  const bool y_realign = kLayout == kRealigned && y_realign_arg;
-  const bool m_realign = kMul && kLayout == kRealigned && !mul.vec_ok;  // kMul: mul's rows realigned too
+  constexpr bool kOnePhase = kLayout == kRealigned;
+  constexpr bool kStaged = kLayout == kSamePhase || kOnePhase;  // the sums read the stage
+  constexpr bool kFlags = kOnePhase || kLayout == kPackRealigned;  // the realign flags are read
+  const bool x_realign = kFlags && x_realign_arg;
+  // PolyNorm's realigned rows take x's phase, which y's rows do not share (else same phase): y's
+  // stores always realign, so that build has no other store path (store_row_from is exact for a
+  // row in the phase too: tuning may turn the same-phase build off).
+  const bool y_realign = kFlags && ((kOnePhase && !kMul) || y_realign_arg);
+  const bool m_realign = kMul && kFlags && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 
   constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
@@ -231,7 +242,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   };
 
   uint32_t* stage = reinterpret_cast<uint32_t*>(dyn_smem) + (threadIdx.x >> 5) * stage_words(kPacks);
-  unsigned char* cluster_slots = dyn_smem + (same_phase ? (blockDim.x >> 5) * stage_words(kPacks) * 4 : 0);
+  unsigned char* cluster_slots = dyn_smem + (kStaged ? (blockDim.x >> 5) * stage_words(kPacks) * 4 : 0);
   const int64_t step = clusters * R;
   Pack ext;
   int parity = 0;
@@ -245,16 +256,29 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int expert = grouped ? expert_of_row(row) : 0;
     const bool owned = !grouped || expert < E;
     Pack buf[kPacks];
-    issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    // One phase (kRealigned): x's rows', or y's where x's are not in it; each input's start
+    // (issue_row_at) and its chunk after ext.
+    int phase = 0, x_start = 0, m_start = 0;
+    Pack ext2, m_ext2;
+    if constexpr (kOnePhase) {
+      const scalar_t* phase_row = x_realign ? y + (active ? row : 0) * H : x_row;
+      phase = static_cast<int>(reinterpret_cast<uintptr_t>(phase_row) & 15);
+      x_start = issue_row_at<scalar_t, kPacks, kGrouped>(buf, ext, ext2, x_row, owned ? H : 0, rl, phase, x_realign);
+    } else {
+      issue_row<scalar_t, kPacks, kGrouped>(buf, ext, x_row, owned ? H : 0, rl, x_realign || same_phase);
+    }
     // kMul: mul's packs (zero past the row), loaded with x's so that they are in flight
     // during the reduction. Same phase: mul's chunks as loaded, like x's; realigned build: mul's
-    // rows realigned as x's are (m_realign).
+    // chunks in the row's phase (m_realign: realigned into it); pack-realigned build: mul's rows
+    // realigned to packs as x's are (m_realign).
     Pack mb[kMul ? kPacks : 1] = {};
     Pack m_ext = make_uint4(0u, 0u, 0u, 0u);
     const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : x_row;
     if constexpr (kMul && same_phase) {
       issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, true);
-    } else if constexpr (kMul && kLayout == kRealigned) {
+    } else if constexpr (kMul && kOnePhase) {
+      m_start = issue_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_row, H, rl, phase, m_realign);
+    } else if constexpr (kMul && kLayout == kPackRealigned) {
       issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
     } else if constexpr (kMul) {
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
@@ -284,7 +308,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
     const auto x_last = load_extra(x_row, H, holds_extra);
     const auto m_last = kMul ? load_extra(m_row, H, holds_extra) : x_last;
-    const int shift = static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
+    // The chunks' phase: x's rows' (same phase), the row's (one phase).
+    const int shift = kOnePhase ? phase : static_cast<int>(reinterpret_cast<uintptr_t>(x_row) & 15);
     if constexpr (same_phase) {
       // The chunks as loaded, zero past the row's end (mul's too, though only x reaches the sums here;
       // bytes past the end are never stored).
@@ -292,9 +317,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       mask_row_end(buf, ext, end, rl, true);
       if constexpr (kMul) mask_row_end(mb, m_ext, end, rl, true);
       stage_row(stage, buf, ext, rl);  // x's chunks, for the sums' realigned packs
+    } else if constexpr (kOnePhase) {  // every input's chunks in the row's phase, zero past its end
+      finish_row_at<scalar_t, kPacks>(buf, ext, ext2, x_start, owned ? H : 0, rl, phase, x_realign);
+      if constexpr (kMul) finish_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_start, H, rl, phase, m_realign);
+      stage_row(stage, buf, ext, rl);
     } else {
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
-      if constexpr (kMul && kLayout == kRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
+      if constexpr (kMul && kLayout == kPackRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
     }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
@@ -304,11 +333,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       s[1] += v2 * v2;
       s[2] += v2 * v2 * v2;
     };
-    const StageWindow sw = same_phase ? stage_window(shift, rl) : StageWindow{};
+    const StageWindow sw = kStaged ? stage_window(shift, rl) : StageWindow{};
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
       if (kLayout == kAligned && warp_idle(rl, i, packs)) continue;
-      const Pack in = same_phase ? staged_pack<scalar_t>(stage, sw, i) : buf[i];
+      const Pack in = kStaged ? staged_pack<scalar_t>(stage, sw, i) : buf[i];
 #pragma unroll
       for (int k = 0; k < P::kVec; ++k) add(P::value(in, k));
     }
@@ -342,9 +371,20 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       return P::make([&](int k) { return output_of(P::value(in, k), kMul ? P::value(m, k) : acc_t(0)); });
     };
     scalar_t* y_row = y + (active ? row : 0) * H;
-    if constexpr (same_phase) {
-      // Chunk p of y from chunk p of x (and mul); the chunk after the last segment, held in
-      // ext by its last lane only, when the row reaches into it.
+    if (kOnePhase && y_realign) {
+      // y realigned out of the row's phase (store_row_from); the last segment's last lane also
+      // computes the chunk after its slots (y_ext).
+      Pack y_ext = make_uint4(0u, 0u, 0u, 0u);
+      if (last_segment && rl.j == rl.W - 1) y_ext = output(ext, m_ext);
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) {
+        keep_raw(buf[i]);
+        buf[i] = output(buf[i], mb[kMul ? i : 0]);
+      }
+      store_row_from<scalar_t, kPacks>(y_row, buf, y_ext, H, rl, shift, last_segment, active);
+    } else if constexpr (kStaged) {
+      // Chunk p of y from chunk p of x (and mul), y's rows in the chunks' phase; the chunk after
+      // the last segment, held in ext by its last lane only, when the row reaches into it.
       Pack* dst = reinterpret_cast<Pack*>(reinterpret_cast<char*>(y_row) - shift);
       const int end = shift + static_cast<int>(H) * int(sizeof(scalar_t));
       const int chunks = (end + 15) / 16;

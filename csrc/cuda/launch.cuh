@@ -132,6 +132,7 @@ auto row_kernel(const RowPlan& plan, int layout) {
   };
   using SamePhase = std::integral_constant<int, kSamePhase>;
   using Realigned = std::integral_constant<int, kRealigned>;
+  using PackRealigned = std::integral_constant<int, kPackRealigned>;
   if constexpr (kWide || !kLarge) {
     TORCH_INTERNAL_ASSERT(small, "polynorm: a row build of at most 256 threads launched with ", num(plan.threads),
                           " threads");
@@ -139,6 +140,7 @@ auto row_kernel(const RowPlan& plan, int layout) {
       if (layout == kAligned) return Build<kAligned, 256, false>::get();
     }
   }
+  if (layout == kPackRealigned) return misaligned(PackRealigned{});
   return layout == kSamePhase ? misaligned(SamePhase{}) : misaligned(Realigned{});
 }
 
@@ -178,11 +180,11 @@ size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
   return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
 }
 
-// A forward row launch's dynamic shared memory: the same-phase build's stage areas (packs.cuh,
-// stage_row: one a warp and staged tensor), then the cluster slots. (The backward's: its
+// A forward row launch's dynamic shared memory: the same-phase and realigned builds' stage areas
+// (packs.cuh, stage_row: one a warp and staged tensor), then the cluster slots. (The backward's: its
 // launcher, the class areas of backward.cuh's class_sums.)
 size_t row_smem_bytes(const RowPlan& plan, int layout, int staged, int packs, int sums, size_t acc_size) {
-  const size_t stage = layout == kSamePhase ? size_t(plan.threads / 32) * staged * stage_words(packs) * 4 : 0;
+  const size_t stage = layout == kSamePhase || layout == kRealigned ? size_t(plan.threads / 32) * staged * stage_words(packs) * 4 : 0;
   return stage + cluster_slot_bytes(plan, sums, acc_size);
 }
 
@@ -303,8 +305,9 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
 }
 
 // Whether the device places a cluster of the plan's row for every build a row of the op may take
-// (`build(layout)`, with `smem_of(layout)` bytes: aligned, realigned, and same-phase where its
-// stage or class areas fit a block, smem_fits; else such rows take the realigned build): portable clusters (up
+// (`build(layout)`, with `smem_of(layout)` bytes: aligned, pack-realigned, and same-phase and
+// realigned where their stage or class areas fit a block, smem_fits; else such rows take the
+// pack-realigned build): portable clusters (up
 // to kRowPortableCluster CTAs) always; larger ones where cudaOccupancyMaxActiveClusters finds
 // room for each (an H200 does for 16). Otherwise the launcher takes the tiled kernels, for every
 // layout of the row alike, so that a misaligned view keeps the aligned rows' kernel family, and
@@ -312,10 +315,10 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
 template <typename Build, typename SmemOf>
 bool clusters_fit(const RowPlan& plan, const Build& build, const SmemOf& smem_of) {
   if (plan.cluster <= kRowPortableCluster) return true;
-  for (const int layout : {kAligned, kRealigned, kSamePhase}) {
+  for (const int layout : {kAligned, kRealigned, kSamePhase, kPackRealigned}) {
     const auto kernel = build(layout);
     const size_t smem = smem_of(layout);
-    if (layout == kSamePhase && !smem_fits(kernel, smem)) continue;
+    if ((layout == kSamePhase || layout == kRealigned) && !smem_fits(kernel, smem)) continue;
     allow_smem(kernel, smem);
     if (resident_clusters(kernel, plan, smem) == 0) return false;
   }
@@ -422,11 +425,14 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const RowTuning tuning = row_tuning();
   const RowPlan& row = lp.row;
   check_slots(row, kPacks, H, sizeof(scalar_t));
-  // A misaligned mul takes the realigning build too, which realigns its rows as x's (no element-wise loads).
+  // A misaligned mul takes a realigning build too (no element-wise loads).
   const bool realign = !x_vec_ok || !y_vec_ok || (kMul && !mul.vec_ok);
   bool same_phase = realign && tuning.same_phase && same_phase_rows(x_ptr, x_stride, y_ptr, H);
   if constexpr (kMul) same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride);
-  int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  // Misaligned x (or mul) beside a y of whole aligned packs (y is a new tensor: every such row)
+  // takes the pack-realigned build: the inputs realigned to packs, summed and stored as the
+  // aligned build does. Other misaligned rows: same-phase, else one phase a row (realigned).
+  int layout = !realign ? kAligned : same_phase ? kSamePhase : y_vec_ok ? kPackRealigned : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(false, kMul, kPacks);
   constexpr bool kLarge = !kWide && kPacks == kRowFwdPacks / 2;  // the 8-pack narrow build: CTAs of up to 1024
@@ -439,8 +445,32 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   };
   const auto smem_of = [&](int l) { return row_smem_bytes(row, l, 1, kPacks, 3, sizeof(at::opmath_type<scalar_t>)); };
   if (!clusters_fit(row, build, smem_of)) return false;
-  if (layout == kSamePhase && !smem_fits(build(kSamePhase), smem_of(kSamePhase))) layout = kRealigned;
+  // The stage (the same-phase and realigned builds) does not always fit (row_smem_bytes): the
+  // pack-realigned build serves those rows, with the same bits.
+  if ((layout == kSamePhase || layout == kRealigned) && !smem_fits(build(layout), smem_of(layout))) {
+    layout = kPackRealigned;
+  }
   const auto kernel = build(layout);
+  // The realigned build's phase (forward.cuh): x's rows', or y's where more tensors share it (the
+  // fused op: mul's rows in y's phase, not in x's); the flags say which tensors are realigned into
+  // or out of it (mul's: `margs.vec_ok`). The kernel takes x's phase unless x's flag is set, so
+  // the host's choice and the kernel's agree: same_phase_rows is an equivalence relation (the
+  // rows' offsets into their chunks and their strides' mod 16, compared), so a tensor unflagged
+  // against the reference shares every row's phase with it.
+  bool x_flag = !x_vec_ok, y_flag = !y_vec_ok;
+  MulArgs<scalar_t> margs = mul;
+  if (layout == kRealigned) {
+    const auto off = [&](const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
+      return !same_phase_rows(a, a_stride, b, b_stride);
+    };
+    bool y_ref = false;  // the phase: y's rows' rather than x's
+    if constexpr (kMul) y_ref = !off(mul.mul, mul.row_stride, y_ptr, H) && off(mul.mul, mul.row_stride, x_ptr, x_stride);
+    const scalar_t* ref = y_ref ? y_ptr : x_ptr;
+    const int64_t ref_stride = y_ref ? H : x_stride;
+    x_flag = off(x_ptr, x_stride, ref, ref_stride);
+    y_flag = off(y_ptr, H, ref, ref_stride);
+    if constexpr (kMul) margs.vec_ok = !off(mul.mul, mul.row_stride, ref, ref_stride);
+  }
   // The grid: a block per R rows for rows of one CTA (wide builds, tune_rows: 1.05-1.07 of a
   // copy at H = 2048-16384 against 1.11-1.15 persistent, bench/NOTES.md v8, and 1.12-1.19
   // persistent however staggered, v19; narrow ones: 6-9% faster, v5), persistent for rows of
@@ -453,8 +483,8 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const size_t smem = smem_of(layout);
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
-  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, !x_vec_ok, y_ptr, !y_vec_ok, rstd,
-                    weight, bias, mul, grouping, M, H, eps, row.G, row.cluster,
+  launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, x_flag, y_ptr, y_flag, rstd,
+                    weight, bias, margs, grouping, M, H, eps, row.G, row.cluster,
                     row_stagger(kernel, row, M, grid, smem, waves, false));
   return true;
 }
@@ -521,7 +551,11 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     same_phase = same_phase && same_phase_rows(x_ptr, x_stride, mul.mul, mul.row_stride) &&
                  same_phase_rows(x_ptr, x_stride, mul.grad_mul, H);
   }
-  int layout = !realign ? kAligned : same_phase ? kSamePhase : kRealigned;
+  // Misaligned rows of whole packs beside aligned outputs (grad_x and grad_mul are new tensors, so
+  // every such row) take the pack-realigned build: the inputs realigned to packs, summed as the
+  // aligned build sums them (packs.cuh, RowLayout). Other misaligned rows: same-phase or realigned.
+  const bool to_packs = dx_vec_ok && (!kMul || mul.grad_vec_ok);
+  int layout = !realign ? kAligned : same_phase ? kSamePhase : to_packs ? kPackRealigned : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(true, kMul, kPacks);
   const auto build = [&](int l) {
@@ -534,7 +568,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // The same-phase and realigned builds' class areas (backward.cuh, class_sums), the cluster slots:
   // at most 32 KB (a CTA of 256 threads; fp64 16) and 8 KB, which every device gives a block.
   const auto smem_of = [&](int l) {
-    return (l != kAligned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
+    return (l == kSamePhase || l == kRealigned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
            cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   };
   const auto kernel = build(layout);

@@ -506,8 +506,11 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
 }
 
-// The row kernels' builds by layout (the kLayout template argument).
-enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2 };
+// The row kernels' builds by layout (the kLayout template argument). kPackRealigned (the
+// backward's only): misaligned rows of whole packs beside aligned outputs, realigned to packs
+// (finish_row) and summed as the aligned build sums them (bench/NOTES.md v27: a view of x one
+// element in at bf16 H = 4096 read 0.96 of its add so, 1.06 in the one-phase realigned build).
+enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3 };
 
 // Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
 // realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
