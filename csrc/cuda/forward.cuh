@@ -196,9 +196,10 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kSamePhase, rows that start alike in every
   // tensor (stage_row); kRealigned, rows that do not: one phase a row, x's rows' or, where
-  // x_realign_arg says that x's rows are not in it, y's (launch.cuh, launch_forward_row),
-  // x (and mul) realigned into it as they arrive (issue_row_at), y out of it as it is stored
-  // (store_row_from), the sums through the stage as the same-phase build's; kPackRealigned,
+  // x_realign_arg says that x's rows are not in it, y's (launch.cuh, launch_forward_row: y's for
+  // PolyNorm), x (and mul) realigned into it as they arrive (issue_row_at) where not in it, y out
+  // of it as it is stored (store_row_from) where not in it, the sums through the stage as the
+  // same-phase build's; kPackRealigned,
   // rows realigned to whole packs on load and back on store (misaligned x or mul beside a y of
   // whole aligned packs, and the fallback where the stage does not fit).
   constexpr bool kRealign = kLayout != kAligned;
@@ -206,10 +207,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool kStaged = kLayout == kSamePhase || kOnePhase;  // the sums read the stage
   constexpr bool kFlags = kOnePhase || kLayout == kPackRealigned;  // the realign flags are read
   const bool x_realign = kFlags && x_realign_arg;
-  // PolyNorm's realigned rows take x's phase, which y's rows do not share (else same phase): y's
-  // stores always realign, so that build has no other store path (store_row_from is exact for a
-  // row in the phase too: tuning may turn the same-phase build off).
-  const bool y_realign = kFlags && ((kOnePhase && !kMul) || y_realign_arg);
+  const bool y_realign = kFlags && y_realign_arg;
   const bool m_realign = kMul && kFlags && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 

@@ -98,17 +98,18 @@ LaunchPlan plan_for(bool backward, bool mul, int64_t H, int elem_size, bool out_
 // rows gridDim apart. Only H and the dtype choose G, the
 // tree of the reduction; M only sets the grid, which no row's bits depend on.
 // The builds of each row kernel (launch_plan.h, row_packs, says which rows take which):
-// - wide (every row but those of the narrow builds): aligned rows; realigned ones (a view
-//   that starts off a 16-byte boundary, rows of odd H in tensors whose rows start unlike);
-//   same-phase rows (odd H in contiguous tensors). Blocks of up to 256 threads, up to 128
-//   registers a thread. Builds of one pack fewer for half-idle odd rows (row_packs): the
-//   backward's 7 packs, the fused forward's 7, the 4- and 8-byte forward's 15.
+// - wide (every row but those of the narrow builds): aligned rows; realigned ones (rows of odd
+//   H in tensors whose rows start unlike: one phase a row); pack-realigned ones (a view of whole
+//   packs that starts off a 16-byte boundary beside aligned outputs; the forward's fallback where
+//   the stage does not fit); same-phase rows (odd H in contiguous tensors). Blocks of up to 256
+//   threads, up to 128 registers a thread. Builds of one pack fewer for half-idle odd rows
+//   (row_packs): the backward's 7 packs, the fused forward's 7, the 4- and 8-byte forward's 15.
 // - narrow (PolyNorm's forward of 2-byte rows not of whole packs; the fused forward's 4-pack
-//   rows): realigned or same-phase rows, in blocks of up to 256 threads (80 registers) or,
-//   kLarge (PolyNorm's 8 packs), 1024 (64 registers); the 7-pack build holds rows of at most 256
-//   threads (row_packs), so it has no 1024-thread build, nor has the fused 4-pack build. Rows of
-//   whole packs on a narrow build (the fused 4-pack rows) take its realigning build, realigning
-//   nothing where they are aligned.
+//   rows): realigned, pack-realigned or same-phase rows, in blocks of up to 256 threads (80
+//   registers) or, kLarge (PolyNorm's 8 packs), 1024 (64 registers); the 7-pack build holds rows
+//   of at most 256 threads (row_packs), so it has no 1024-thread build, nor has the fused 4-pack
+//   build. Rows of whole packs on a narrow build (the fused 4-pack rows) take its pack-realigned
+//   build, realigning nothing where they are aligned.
 // The realigning and same-phase builds of up to 256 threads come twice (not the grouped ones, one
 // build each): for rows of 32 lanes or more (kWholeWarps, packs.cuh row_lane: W = 32 at compile
 // time) and for shorter rows (packs.cuh short_rows: no cross-warp sum, no cluster); a
@@ -140,7 +141,9 @@ auto row_kernel(const RowPlan& plan, int layout) {
       if (layout == kAligned) return Build<kAligned, 256, false>::get();
     }
   }
-  if (layout == kPackRealigned) return misaligned(PackRealigned{});
+  // The narrow builds have no aligned build: their aligned rows (the fused forward's 4-pack rows of
+  // whole packs) take the pack-realigned build, which realigns nothing there (no stage).
+  if (layout == kPackRealigned || layout == kAligned) return misaligned(PackRealigned{});
   return layout == kSamePhase ? misaligned(SamePhase{}) : misaligned(Realigned{});
 }
 
@@ -451,9 +454,8 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     layout = kPackRealigned;
   }
   const auto kernel = build(layout);
-  // The realigned build's phase (forward.cuh): x's rows', or y's where more tensors share it (the
-  // fused op: mul's rows in y's phase, not in x's); the flags say which tensors are realigned into
-  // or out of it (mul's: `margs.vec_ok`). The kernel takes x's phase unless x's flag is set, so
+  // The realigned build's phase (forward.cuh): x's rows' or y's (below); the flags say which
+  // tensors are realigned into or out of it (mul's: `margs.vec_ok`). The kernel takes x's phase unless x's flag is set, so
   // the host's choice and the kernel's agree: same_phase_rows is an equivalence relation (the
   // rows' offsets into their chunks and their strides' mod 16, compared), so a tensor unflagged
   // against the reference shares every row's phase with it.
@@ -463,7 +465,11 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     const auto off = [&](const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
       return !same_phase_rows(a, a_stride, b, b_stride);
     };
-    bool y_ref = false;  // the phase: y's rows' rather than x's
+    // The phase: y's rows' rather than x's. PolyNorm: always (x realigned in, y stored as the
+    // same-phase build stores: the odd-H views' forward 4-6% faster than in x's phase with y
+    // realigned out, bench/NOTES.md v28, call 1). The fused op: where mul's rows share y's phase
+    // and not x's (one tensor realigned rather than two).
+    bool y_ref = !kMul;
     if constexpr (kMul) y_ref = !off(mul.mul, mul.row_stride, y_ptr, H) && off(mul.mul, mul.row_stride, x_ptr, x_stride);
     const scalar_t* ref = y_ref ? y_ptr : x_ptr;
     const int64_t ref_stride = y_ref ? H : x_stride;
