@@ -23,7 +23,7 @@ tail -1 "$OUT/tests.log"
 gzip -f "$OUT/tests.log"
 stamp tests
 for v in t t; do
-  (cd /tmp && timeout 60 python3 "$OLDPWD/bench/build_compare.py" $v \
+  (cd /tmp && timeout 60 python3 "$PYTHONPATH/bench/build_compare.py" $v \
     4096 5125 3000 4096v 4097v 5125v 16385v 2001v 3000v 4096x 4097x 5125x 16385x 2001x)
 done 2>&1 | tee "$OUT/compare.log"
 stamp compare
