@@ -260,6 +260,38 @@ static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
 constexpr int64_t kRowSumApartRounds = 4;
 inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
+// The realigned row builds' phase (rows whose tensors start at different offsets into their
+// 16-byte chunks, and no stage or class area forbids it: csrc/cuda/forward.cuh and backward.cuh,
+// kRealigned): the row works in the phase of one tensor's rows; a tensor not in it is realigned
+// into it as it arrives (an input) or out of it as it is stored (an output). `classes`: each
+// tensor's phase class, equal for tensors whose rows share every row's phase (launch.cuh,
+// same_phase_rows, an equivalence), in the order x, y (and mul) forward; x, grad_y, grad_x (and
+// mul, grad_mul) backward. Returns the index of the tensor whose phase the rows take. Measured on
+// an H200 (bench/NOTES.md v28, bf16 views one element in at M·H = 2^26):
+// - forward: y's for PolyNorm (x realigned in: 4-6% faster than y realigned out, call 1); the
+//   fused op, y's where mul's rows share y's phase and not x's (one input in), else x's.
+// - backward: the least cost, an input in counting 4 and an output out 7, the first of x, grad_y,
+//   grad_x on a tie (call 4: PolyNorm with x and grad_y moved 5-7% slower with both in than with
+//   grad_x out; the fused op with x, mul and grad_out moved 1-4% faster with the three in).
+constexpr int kPhaseInCost = 4, kPhaseOutCost = 7;
+inline int realign_phase(bool backward, bool mul, const int* classes) {
+  if (!backward) {
+    if (!mul) return 1;
+    return classes[2] == classes[1] && classes[2] != classes[0] ? 1 : 0;
+  }
+  const int n = mul ? 5 : 3;
+  const bool output[5] = {false, false, true, false, true};  // x, grad_y, grad_x, mul, grad_mul
+  int best = 0, best_cost = 0;
+  for (int ref = 0; ref < 3; ++ref) {
+    int cost = 0;
+    for (int t = 0; t < n; ++t) {
+      if (classes[t] != classes[ref]) cost += output[t] ? kPhaseOutCost : kPhaseInCost;
+    }
+    if (ref == 0 || cost < best_cost) best = ref, best_cost = cost;
+  }
+  return best;
+}
+
 // Tiled kernels: up to kMaxGroup threads a row, R = kBlockThreads / G rows a block, and
 // kFwdPacks (kBwdPacks) packs per thread and tensor in registers per tile. With
 // 1024-thread groups the register cap is 64 a thread, which these counts fit.

@@ -242,6 +242,22 @@ std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtyp
                               forced_kernel(), clusters));
 }
 
+// The realigned row builds' phase (launch_plan.h, realign_phase) for tensors of the given phase
+// classes: x, y (, mul) forward; x, grad_y, grad_x (, mul, grad_mul) backward.
+int64_t realign_phase_op(const std::string& op, c10::IntArrayRef classes) {
+  TORCH_CHECK_VALUE(op == "forward" || op == "backward" || op == "mul_forward" || op == "mul_backward",
+                    "polynorm._realign_phase: expected op to be forward, backward, mul_forward or mul_backward, got '",
+                    op, "'");
+  const bool backward = op == "backward" || op == "mul_backward";
+  const bool mul = op.rfind("mul_", 0) == 0;
+  const size_t n = (backward ? 3 : 2) + (mul ? (backward ? 2 : 1) : 0);
+  TORCH_CHECK_VALUE(classes.size() == n, "polynorm._realign_phase: expected ", num(int64_t(n)), " classes for ", op,
+                    ", got ", num(int64_t(classes.size())));
+  int c[5] = {0, 0, 0, 0, 0};
+  for (size_t t = 0; t < n; ++t) c[t] = static_cast<int>(classes[t]);
+  return realign_phase(backward, mul, c);
+}
+
 // Grouped ops: weight [E, 3] with E >= 1, offsets [E] of int32 or int64. Returns E.
 int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tensor& weight,
                              const at::Tensor& offsets) {
@@ -311,6 +327,8 @@ TORCH_LIBRARY(polynorm, m) {
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",
         &polynorm::launch_plan_op);
+  // Which tensor's phase a realigned row takes, for tensors of the given phase classes.
+  m.def("_realign_phase(str op, int[] classes) -> int", &polynorm::realign_phase_op);
   // y has x's shape and dtype; rstd is [M, 3] = [r_3, r_2, r_1] per row, fp32 (fp64 for fp64 x).
   m.def("forward(Tensor x, Tensor weight, Tensor bias, float eps=1e-6) -> (Tensor y, Tensor rstd)");
   // grad_weight (3,) and grad_bias (1,) are accumulated and returned in fp32 (fp64 for fp64 x), the

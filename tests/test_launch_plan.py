@@ -9,6 +9,7 @@ the switch. On a GPU, each family, forced, runs PolyNorm's ops and the fused Pol
 build's alignment paths.
 """
 
+import itertools
 import re
 
 import pytest
@@ -291,6 +292,47 @@ def test_bad_arguments_are_refused_by_name():
         plan("forward", 0, torch.float32)
     with pytest.raises(ValueError, match="expected a float dtype"):
         plan("forward", 8, torch.int32)
+
+
+# csrc/launch_plan.h, realign_phase: which tensor's phase a realigned row works in (classes:
+# tensors of one class share every row's phase). The rows measured in bench/NOTES.md v28 (calls
+# 1 and 4), each with the choice that ran faster there.
+@pytest.mark.parametrize(
+    "op,classes,phase,why",
+    [
+        ("forward", [0, 1], 1, "PolyNorm: x realigned into y's phase"),
+        ("mul_forward", [0, 1, 1], 1, "mul in y's phase, x not: x alone realigned in"),
+        ("mul_forward", [0, 1, 0], 0, "x and mul moved: y realigned out"),
+        ("mul_forward", [0, 1, 2], 0, "three phases: x's"),
+        ("backward", [0, 0, 1], 0, "x and grad_y moved: grad_x out (7) rather than both in (8)"),
+        ("backward", [0, 1, 1], 1, "x alone moved: x in, grad_y's phase"),
+        ("backward", [0, 1, 0], 0, "grad_y alone moved: grad_y in"),
+        ("mul_backward", [0, 0, 1, 0, 1], 2, "x, grad_out and mul moved: three in (12) rather than two out (14)"),
+        ("mul_backward", [0, 1, 1, 1, 1], 1, "x alone moved"),
+        ("mul_backward", [0, 1, 1, 0, 1], 1, "x and mul moved: both in (8) rather than grad_y in and two out"),
+        ("mul_backward", [0, 0, 0, 1, 0], 0, "mul alone moved: mul in"),
+    ],
+)
+def test_realigned_rows_take_the_phase_of_least_cost(op, classes, phase, why):
+    assert torch.ops.polynorm._realign_phase(op, classes) == phase, why
+
+
+@pytest.mark.parametrize("op", ["backward", "mul_backward"])
+def test_realign_phase_minimises_the_cost_in_every_class_pattern(op):
+    # Every assignment of phase classes: the chosen tensor's cost (an input realigned in 4, an
+    # output realigned out 7) is the least of x's, grad_y's and grad_x's, and the first on a tie.
+    n = 5 if op == "mul_backward" else 3
+    outputs = {2, 4}
+    for classes in itertools.product(range(n), repeat=n):
+        costs = [sum((7 if t in outputs else 4) for t in range(n) if classes[t] != classes[ref]) for ref in range(3)]
+        assert torch.ops.polynorm._realign_phase(op, list(classes)) == costs.index(min(costs)), classes
+
+
+def test_realign_phase_refuses_bad_arguments_by_name():
+    with pytest.raises(ValueError, match="polynorm._realign_phase: expected op"):
+        torch.ops.polynorm._realign_phase("sideways", [0, 1])
+    with pytest.raises(ValueError, match="expected 3 classes for backward, got 2"):
+        torch.ops.polynorm._realign_phase("backward", [0, 1])
 
 
 # ---- On a GPU: every kernel family, forced, against the float64 oracle ------------------------

@@ -229,7 +229,8 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 
 // The row kernels' sums of a lane, in the class order: class k is element k of each of the lane's
 // packs (slots 0, 1, ...), summed in slot order from zero; the lane's sums are classes 0, 1, ...
-// added in turn. The aligned and realigned builds sum their packs so. A same-phase row's chunks
+// added in turn. The aligned and pack-realigned builds sum their packs so. The same-phase and
+// realigned builds hold chunks (in the row's phase: x's for the same-phase build): a row's chunks
 // start p = shift / element size elements before its packs: element k of a lane's chunk is
 // element k - p of its pack (k >= p), or, k < p, element k - p + kVec of the previous pack, the
 // previous lane's (slot by slot; for a segment's first lane, the last lane's slot before, and
@@ -352,8 +353,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool kChunks = kLayout == kRealigned || kLayout == kSamePhase;
   constexpr bool kToPacks = kLayout == kPackRealigned;  // misaligned inputs realigned to packs (finish_row)
   // The realigned build works in one phase a row (packs.cuh, issue_row_at): x's rows', else
-  // grad_y's, else grad_x's, the first whose flag is false; a flag says that the tensor's rows are
-  // not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
+  // grad_y's, else grad_x's, the first whose flag is false (the host's choice: the flags are set
+  // against it, and same_phase_rows is an equivalence, so the first unflagged tensor is in it); a
+  // flag says that the tensor's rows are not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
   // mul.vec_ok false, mul's rows realigned; mul.grad_vec_ok false, as grad_x's, grad_mul's
   // (launch.cuh, launch_backward_row). The pack-realigned build: a flag says that the tensor's
   // rows are not 16-byte aligned (grad_x's and grad_mul's always are: no flag is read for them).

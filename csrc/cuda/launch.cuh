@@ -454,23 +454,24 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     layout = kPackRealigned;
   }
   const auto kernel = build(layout);
-  // The realigned build's phase (forward.cuh): x's rows' or y's (below); the flags say which
-  // tensors are realigned into or out of it (mul's: `margs.vec_ok`). The kernel takes x's phase unless x's flag is set, so
-  // the host's choice and the kernel's agree: same_phase_rows is an equivalence relation (the
-  // rows' offsets into their chunks and their strides' mod 16, compared), so a tensor unflagged
-  // against the reference shares every row's phase with it.
+  // The realigned build's phase (forward.cuh): x's rows' or y's (launch_plan.h, realign_phase);
+  // the flags say which tensors are realigned into or out of it (mul's: `margs.vec_ok`). The
+  // kernel takes x's phase unless x's flag is set, so the host's choice and the kernel's agree:
+  // same_phase_rows is an equivalence relation (the rows' offsets into their chunks and their
+  // strides mod 16, compared), so a tensor unflagged against the reference shares every row's
+  // phase with it.
   bool x_flag = !x_vec_ok, y_flag = !y_vec_ok;
   MulArgs<scalar_t> margs = mul;
   if (layout == kRealigned) {
     const auto off = [&](const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {
       return !same_phase_rows(a, a_stride, b, b_stride);
     };
-    // The phase: y's rows' rather than x's. PolyNorm: always (x realigned in, y stored as the
-    // same-phase build stores: the odd-H views' forward 4-6% faster than in x's phase with y
-    // realigned out, bench/NOTES.md v28, call 1). The fused op: where mul's rows share y's phase
-    // and not x's (one tensor realigned rather than two).
-    bool y_ref = !kMul;
-    if constexpr (kMul) y_ref = !off(mul.mul, mul.row_stride, y_ptr, H) && off(mul.mul, mul.row_stride, x_ptr, x_stride);
+    const int classes[3] = {0, off(y_ptr, H, x_ptr, x_stride) ? 1 : 0,
+                            !kMul                                                ? 0
+                            : !off(mul.mul, mul.row_stride, x_ptr, x_stride)     ? 0
+                            : !off(mul.mul, mul.row_stride, y_ptr, H)            ? 1
+                                                                                  : 2};
+    const bool y_ref = realign_phase(false, kMul, classes) == 1;
     const scalar_t* ref = y_ref ? y_ptr : x_ptr;
     const int64_t ref_stride = y_ref ? H : x_stride;
     x_flag = off(x_ptr, x_stride, ref, ref_stride);
@@ -572,7 +573,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     return k;
   };
   // The same-phase and realigned builds' class areas (backward.cuh, class_sums), the cluster slots:
-  // at most 32 KB (a CTA of 256 threads; fp64 16) and 8 KB, which every device gives a block.
+  // at most 32 KB (a CTA of 256 threads of a 2-byte dtype; fp32 and fp64 16) and 8 KB, which every
+  // device gives a block.
   const auto smem_of = [&](int l) {
     return (l == kSamePhase || l == kRealigned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
            cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
@@ -580,9 +582,12 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   const auto kernel = build(layout);
   TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
                         " bytes of shared memory do not fit");
-  // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one
-  // that the most tensors share; the flags say which tensors are realigned into or out of it
-  // (kMul: mul's and grad_mul's in `margs`' vec_ok and grad_vec_ok).
+  // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one of
+  // least realignment cost (launch_plan.h, realign_phase); the flags say which tensors are
+  // realigned into or out of it (kMul: mul's and grad_mul's in `margs`' vec_ok and grad_vec_ok).
+  // The kernel takes the first unflagged of x, grad_y and grad_x; it agrees with this choice
+  // because same_phase_rows is an equivalence relation (rows' offsets into their chunks and their
+  // strides mod 16, compared): a tensor unflagged against `ref` shares every row's phase with it.
   bool x_flag = !x_vec_ok, g_flag = !g_vec_ok, dx_flag = !dx_vec_ok;
   MulArgs<scalar_t> margs = mul;
   if (layout == kRealigned) {
@@ -593,12 +598,20 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     const Rows xr{x_ptr, x_stride}, gr{g_ptr, g_stride}, dxr{dx_ptr, H};
     const Rows mr{kMul ? mul.mul : x_ptr, kMul ? mul.row_stride : x_stride}, gmr{kMul ? mul.grad_mul : dx_ptr, H};
     const auto off = [](const Rows& a, const Rows& b) { return !same_phase_rows(a.ptr, a.stride, b.ptr, b.stride); };
-    const auto realigned = [&](const Rows& ref) {
-      return int(off(xr, ref)) + int(off(gr, ref)) + int(off(dxr, ref)) + (kMul ? int(off(mr, ref)) + int(off(gmr, ref)) : 0);
-    };
-    Rows ref = xr;
-    if (realigned(gr) < realigned(ref)) ref = gr;
-    if (realigned(dxr) < realigned(ref)) ref = dxr;
+    // Each tensor's phase class: the index of the first tensor (x, grad_y, grad_x, mul, grad_mul)
+    // whose rows share its phase.
+    const Rows all[5] = {xr, gr, dxr, mr, gmr};
+    int classes[5];
+    for (int t = 0; t < 5; ++t) {
+      classes[t] = t;
+      for (int u = 0; u < t; ++u) {
+        if (!off(all[u], all[t])) {
+          classes[t] = classes[u];
+          break;
+        }
+      }
+    }
+    const Rows ref = all[realign_phase(true, kMul, classes)];
     x_flag = off(xr, ref), g_flag = off(gr, ref), dx_flag = off(dxr, ref);
     margs.vec_ok = !off(mr, ref);
     margs.grad_vec_ok = !off(gmr, ref);
@@ -611,7 +624,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // layout of a row (the aligned build, queried for its occupancy only, never launched here),
   // so that a view's dW and dB are the aligned rows' bits whatever each build's occupancy. (Today
   // every wide build takes 126-128 registers, so on an H200 the grids would match anyway; were
-  // the same-phase build's class areas (2-4 KB a warp) ever to fit fewer blocks an SM than the
+  // the same-phase and realigned builds' class areas (2-4 KB a warp) ever to fit fewer blocks an SM than the
   // aligned build: a partial second wave, the same bits.)
   // A grouped launch sums no partials (its rows write their terms), but is sized by its own
   // aligned build all the same. The launched build must fit a cluster too (checked by name).
@@ -621,7 +634,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
   if (!clusters_fit(row, build, smem_of)) return false;
-  // The launched build's smem adds the same-phase class areas (the sizing build has none).
+  // The launched build's smem adds the same-phase and realigned builds' class areas (the sizing build has none).
   const size_t launch_smem = smem_of(layout);
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);

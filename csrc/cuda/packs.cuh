@@ -1,7 +1,8 @@
 // Rows as 16-byte packs, for every CUDA kernel: Pack, Elem and PackOf (raw elements and their
 // conversion), ParamRef/load_param (parameters read on the device), load_pack/store_pack (the
 // tiled kernels' access), then the row kernels' lane layout and the realignment of misaligned
-// rows (RowLane ... store_own_chunk). Reductions: reduce.cuh; kernel arguments: args.cuh;
+// rows (RowLane ... store_own_chunk; the one-phase realignment: issue_row_at ... store_row_from).
+// Reductions: reduce.cuh; kernel arguments: args.cuh;
 // kernels: forward.cuh, backward.cuh; host side and overview: launch.cuh.
 #pragma once
 
@@ -175,12 +176,15 @@ __device__ __forceinline__ void store_pack(scalar_t* row, int64_t p, int64_t H, 
 // - Blocks of R = threads / G rows; a grid-stride loop, persistent or a block per R rows
 //   (launch_forward_row says which).
 // - Misaligned rows (odd H, views such as buf[1:]) read and write whole aligned 16-byte
-//   chunks. Realigned build: a lane's pack is realigned from its chunk and the next one
-//   (a shuffle; past its segment, one more load), and stores go the other way, narrowly
-//   only at the row's ends and where segments meet. Same-phase build (every tensor's rows
-//   start alike): the elementwise part works on the chunks as loaded, and only the forward's
-//   sums see realigned packs (the backward's take the aligned row's order class by class,
-//   backward.cuh class_sums). Either way the sums, and so the bits, are the aligned row's.
+//   chunks. Same-phase build (every tensor's rows start alike): the elementwise part works on
+//   the chunks as loaded, and only the forward's sums see realigned packs (the stage); the
+//   backward's take the aligned row's order class by class (backward.cuh class_sums). Realigned
+//   build (rows that start unlike): the same, in one phase a row, the tensors not in it realigned
+//   into it as they arrive or out of it as they are stored (issue_row_at, store_row_from, below).
+//   Pack-realigned build (a view of whole packs beside aligned outputs): a lane's pack is
+//   realigned from its chunk and the next one (a shuffle; past its segment, one more load), and
+//   stores go the other way (store_row), narrowly only at the row's ends and where segments
+//   meet. Every way the sums, and so the bits, are the aligned row's.
 // ----------------------------------------------------------------------------------
 
 // Where the group's lanes stand: G threads a row, in warp segments of W = min(G, 32)
@@ -346,6 +350,11 @@ __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const
   b_ext = ext ? bs[rl.seg_end] : make_uint4(0u, 0u, 0u, 0u);
 }
 
+// The mask of a word's bytes to keep, its first n (none for n <= 0, all for n >= 4).
+__device__ __forceinline__ uint32_t keep_mask(int n) {
+  return n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
+}
+
 // Zeroes what a row's chunks hold past its end, once a row: the bytes from `end` (the row's end,
 // in bytes from its first chunk) of the chunk that holds its last byte. Chunks past that one
 // were never loaded (zeros), so every pack realigned from the chunks reads zeros past the row
@@ -355,11 +364,6 @@ __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const
 // whether `ext` holds the chunk, else pack slot `slot`. mask_row_end masks one tensor's packs,
 // mask_row_ends several whose rows start alike (the same-phase backward's x and grad_y, and mul in
 // the fused op's: the tests once).
-// The mask of a word's bytes to keep, its first n (none for n <= 0, all for n >= 4).
-__device__ __forceinline__ uint32_t keep_mask(int n) {
-  return n >= 4 ? 0xffffffffu : n <= 0 ? 0u : (1u << (8 * n)) - 1u;
-}
-
 template <int kPacks, typename Apply>
 __device__ __forceinline__ void at_row_end(int end, const RowLane& rl, bool has_ext, Apply&& apply) {
   const int last = end > 0 ? (end - 1) / 16 : 0;  // the chunk of the row's last byte
@@ -506,10 +510,11 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
   }
 }
 
-// The row kernels' builds by layout (the kLayout template argument). kPackRealigned (the
-// backward's only): misaligned rows of whole packs beside aligned outputs, realigned to packs
-// (finish_row) and summed as the aligned build sums them (bench/NOTES.md v27: a view of x one
-// element in at bf16 H = 4096 read 0.96 of its add so, 1.06 in the one-phase realigned build).
+// The row kernels' builds by layout (the kLayout template argument). kPackRealigned: misaligned
+// rows of whole packs beside aligned outputs, realigned to packs (finish_row) and summed as the
+// aligned build sums them (bench/NOTES.md v28: the backward at a view of x one element in, bf16
+// H = 4096, 0.97 of its add so, 1.06 in the one-phase realigned build); the forward's also serves
+// where the stage does not fit a block, and the narrow builds' aligned rows.
 enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3 };
 
 // Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
@@ -534,8 +539,9 @@ constexpr bool short_rows(int layout, bool whole_warps, bool grouped) {
 // five words read at offsets fixed for the row (StageWindow: its chunk's, then the next
 // chunk's: the next lane's, or for a segment's last lane, its first lane's in the next slot)
 // and four funnel shifts for a shift that is not a multiple of 4: ~13 instructions a pack and
-// tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's. (The
-// backward realigns nothing: its sums go in the class order, backward.cuh class_sums, NOTES v17.)
+// tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's. The
+// forward's same-phase and realigned builds stage; the backward's sums go in the class order
+// instead (backward.cuh class_sums, NOTES v17).
 constexpr int stage_words(int packs) { return (packs + 1) * 4 * 32; }
 
 // Stages the warp's chunks (after mask_row_end). The two __syncwarp: every lane has read the
@@ -721,8 +727,8 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
 
 // A row one element past the packs its lanes hold (launch_plan.h, slot_packs; rows not of whole
 // packs, so the realigning builds only): the row's last lane holds that element, at H - 1, as a
-// raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the
-// same-phase path writes them with the chunk in `ext`). The other lanes hold zero, which adds
+// raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the builds
+// that hold chunks, same-phase and realigned, write them with the chunk in `ext` instead). The other lanes hold zero, which adds
 // nothing to a sum. The same in every layout, so the bits stay the aligned row's.
 template <int kPacks>
 __device__ __forceinline__ bool row_has_extra(const RowLane& rl, int packs) {

@@ -46,7 +46,7 @@ __device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
 // a warp: xor shuffles over offsets < W. Across the G / 32 warps of a larger group: a
 // double-buffered shared slot per warp (`red[parity]`), one barrier, then every lane
 // adds the warp totals in warp order. The tree depends only on G.
-// kRolled (the same-phase backward): the cross-warp loop kept rolled, a warp's N sums in one
+// kRolled (the same-phase and realigned backward builds, backward.cuh kChunks): the cross-warp loop kept rolled, a warp's N sums in one
 // shared load for float sums (red 16-byte aligned; fp64 takes two); the same order, warp 0, 1, ...
 // for each k. kOneWarp: rows of fewer than 32 lanes (the short-row builds), no cross-warp code.
 template <int N, bool kRolled = false, bool kOneWarp = false, typename acc_t>
