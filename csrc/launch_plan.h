@@ -172,6 +172,8 @@ struct RowTuning {
   int stagger;       // clock cycles between the quarters of a row grid's first wave (-1: the table's; launch.cuh)
   int sum_apart;     // the backward's dW / dB partials: -1 the table's (row_sum_apart), 0 summed by the row
                      // kernel's last block, 1 by a kernel of their own
+  int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
+                       // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
 };
 RowTuning row_tuning();
 
@@ -258,6 +260,14 @@ static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
 // (the sum's launch let start once every block has left its rows; once every block had started,
 // 1.101 / 1.121); the fused backward 0.3-1% faster (2048-16384, started early), even at 65536.
 constexpr int64_t kRowSumApartRounds = 4;
+
+// Rows of clusters: the launch's cluster scheduling policy preference (cudaClusterSchedulingPolicy:
+// 0 the default, 1 spread, 2 load balancing), a launch attribute where it is not 0.
+constexpr int kRowClusterPolicy = 0;
+inline int row_cluster_policy() {
+  const int tuned = row_tuning().cluster_policy;
+  return tuned >= 0 ? tuned : kRowClusterPolicy;
+}
 inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
 // The realigned row builds' phase (rows whose tensors start at different offsets into their

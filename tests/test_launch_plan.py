@@ -518,6 +518,8 @@ TUNE_ROWS_ERRORS = [
     ((-1, True, 0, 0, True, 100001), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got 100001"),
     ((-1, True, 0, 0, True, -1, 2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got 2"),
     ((-1, True, 0, 0, True, -1, -2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got -2"),
+    ((-1, True, 0, 0, True, -1, -1, 3), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got 3"),
+    ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

@@ -239,19 +239,25 @@ void allow_smem(Kernel kernel, size_t smem) {
 // config.attrs points into the object itself, so it is built in place and never copied.
 struct RowLaunch {
   cudaLaunchConfig_t config{};
-  cudaLaunchAttribute cluster{};
+  cudaLaunchAttribute attrs[2]{};  // the cluster's shape, and its scheduling policy where one is set
 
   RowLaunch(const RowPlan& plan, int64_t grid, size_t smem, cudaStream_t stream) {
     config.gridDim = dim3(static_cast<unsigned>(grid));
     config.blockDim = dim3(static_cast<unsigned>(plan.threads));
     config.dynamicSmemBytes = smem;
     config.stream = stream;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(plan.cluster);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
+    attrs[0].id = cudaLaunchAttributeClusterDimension;
+    attrs[0].val.clusterDim.x = static_cast<unsigned>(plan.cluster);
+    attrs[0].val.clusterDim.y = 1;
+    attrs[0].val.clusterDim.z = 1;
+    config.attrs = attrs;
     config.numAttrs = 1;
+    const int policy = row_cluster_policy();
+    if (policy > 0) {
+      attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+      attrs[1].val.clusterSchedulingPolicyPreference = static_cast<cudaClusterSchedulingPolicy>(policy);
+      config.numAttrs = 2;
+    }
   }
   RowLaunch(const RowLaunch&) = delete;
   RowLaunch& operator=(const RowLaunch&) = delete;
@@ -286,10 +292,10 @@ template <typename Kernel>
 int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  using Key = std::tuple<int, const void*, int, int, size_t>;
+  using Key = std::tuple<int, const void*, int, int, size_t, int>;
   static std::mutex mutex;
   static std::map<Key, int64_t> cache;
-  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem};
+  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem, row_cluster_policy()};
   const std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
