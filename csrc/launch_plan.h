@@ -50,6 +50,8 @@
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
+//   clusters     | of 16 CTAs launched with load balancing, a cluster's CTAs free to share an SM; smaller
+//                | ones spread, one CTA a cluster an SM (row_cluster_policy)
 //   the start    | persistent grids of 8 rounds or more in four quarters (row_stagger_cycles); grids
 //                | of a block per R rows of more than one wave their first wave (row_wave_stagger_cycles)
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
@@ -262,11 +264,23 @@ static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
 constexpr int64_t kRowSumApartRounds = 4;
 
 // Rows of clusters: the launch's cluster scheduling policy preference (cudaClusterSchedulingPolicy:
-// 0 the default, 1 spread, 2 load balancing), a launch attribute where it is not 0.
-constexpr int kRowClusterPolicy = 0;
-inline int row_cluster_policy() {
+// 0 the default, 1 spread, 2 load balancing; a launch attribute where it is not 0, which the grid's
+// occupancy query sees too). By default a cluster's CTAs are spread over distinct SMs of one GPC, and
+// GPCs whose SMs do not divide into whole clusters leave SMs out: an H200 holds 14 clusters of 16 x
+// 256 threads where its registers hold 16.5, and 28 of 16 x 128 where they hold 33. Load balancing
+// lets CTAs of one cluster share an SM: 15 and 30. Clusters of more than kRowPortableCluster CTAs
+// (16) take it; smaller ones keep the default, which load balancing slowed where it added clusters
+// (their CTAs doubled up on an SM, and the cluster waits for its slowest). Measured on an H200
+// (bench/NOTES.md v29, h200-2026-12-04b/call2/tune.log, bf16 at M·H = 2^26, against the default in
+// the same run): on 16 CTAs, the forward at 262144 1.269 -> 1.201 of a copy, the backward 1.423 ->
+// 1.393 of an add, the fused forward at 131072 1.093 -> 1.069, the fused backward 1.433 -> 1.402;
+// on 8, the forward at 131072 1.153 -> 1.284, the backward at 65536 1.098 -> 1.180; on 4, the
+// forward at 65536 1.125 -> 1.124, the fused backward at 32768 1.082 -> 1.169.
+constexpr int kRowClusterLoadBalancing = 2;
+inline int row_cluster_policy(int cluster) {
   const int tuned = row_tuning().cluster_policy;
-  return tuned >= 0 ? tuned : kRowClusterPolicy;
+  if (tuned >= 0) return tuned;
+  return cluster > kRowPortableCluster ? kRowClusterLoadBalancing : 0;
 }
 inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
@@ -507,8 +521,8 @@ inline std::string describe(const LaunchPlan& p) {
   switch (p.kind) {
     case KernelKind::kRow:
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
-             " packs=" + std::to_string(p.packs) +
-             " cluster=" + std::to_string(p.row.cluster);
+             " packs=" + std::to_string(p.packs) + " cluster=" + std::to_string(p.row.cluster) +
+             (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "");
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

@@ -480,6 +480,36 @@ def test_tuned_max_cluster_caps_the_first_tier():
         tune()
 
 
+def test_clusters_of_16_take_load_balancing():
+    # csrc/launch_plan.h, row_cluster_policy: a row's clusters of 16 CTAs launch with load
+    # balancing (2), smaller clusters with the default (0); one CTA a row has no policy. H over
+    # each op's cluster range, every dtype: the policy follows the cluster size alone, never H.
+    # _tune_rows(cluster_policy=p) sets p for every row of clusters.
+    tune = torch.ops.polynorm._tune_rows
+    seen = set()
+    for op in OPS:
+        for dtype in (torch.bfloat16, torch.float32, torch.float64):
+            for H in [2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)]:
+                text = plan(op, H, dtype)
+                if not text.startswith("row "):
+                    continue
+                f = fields(text)
+                if f["cluster"] == 1:
+                    assert "policy" not in f, (op, dtype, H, text)
+                    continue
+                assert f["policy"] == (2 if f["cluster"] == 16 else 0), (op, dtype, H, text)
+                seen.add(f["policy"])
+    assert seen == {0, 2}, seen  # both reached
+    try:
+        for p in (0, 1, 2):
+            tune(cluster_policy=p)
+            assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == p
+            assert fields(plan("forward", 65536, torch.bfloat16))["policy"] == p
+    finally:
+        tune()
+    assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == 2
+
+
 def test_tune_rows_splits_rows_never_changes_packs():
     tune = torch.ops.polynorm._tune_rows
     default = {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS}

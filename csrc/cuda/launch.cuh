@@ -252,7 +252,7 @@ struct RowLaunch {
     attrs[0].val.clusterDim.z = 1;
     config.attrs = attrs;
     config.numAttrs = 1;
-    const int policy = row_cluster_policy();
+    const int policy = row_cluster_policy(plan.cluster);
     if (policy > 0) {
       attrs[1].id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
       attrs[1].val.clusterSchedulingPolicyPreference = static_cast<cudaClusterSchedulingPolicy>(policy);
@@ -295,7 +295,8 @@ int64_t resident_clusters(Kernel kernel, const RowPlan& plan, size_t smem) {
   using Key = std::tuple<int, const void*, int, int, size_t, int>;
   static std::mutex mutex;
   static std::map<Key, int64_t> cache;
-  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem, row_cluster_policy()};
+  const Key key{device, reinterpret_cast<const void*>(kernel), plan.threads, plan.cluster, smem,
+                row_cluster_policy(plan.cluster)};
   const std::lock_guard<std::mutex> lock(mutex);
   const auto it = cache.find(key);
   if (it != cache.end()) return it->second;
