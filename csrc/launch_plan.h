@@ -20,7 +20,8 @@
 //                | 32768 < H         | row, a cluster of 2-16 CTAs,   | split past 256 threads; resident
 //                |   <= 524288       | persistent: CTAs of <= 128     | clusters walk the rows; 131072: 1.18
 //                |                   | threads where they hold no more| on 8 x 128, 1.27 on 4 x 256 (65536 /
-//                |                   | threads than CTAs of <= 256    | 262144: 4 / 16 x 128)
+//                |                   | threads than CTAs of <= 256    | 262144: 4 / 16 x 128; 262144
+//                |                   |                                | load-balanced 1.19, spread 1.26)
 //                | H > 524288        | tiled                          | past 16 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
 //   forward, odd | H <= 32769        | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
@@ -37,7 +38,7 @@
 //                |                   | (12288, 16384: 2 x 96, 2 x 128)| (12288: 1.12 against 1.20)
 //                | 16384 < H         | row, a cluster of 2-16 CTAs:   | 65536: 1.14 on 8 x 128, 1.19 on 4 x
 //                |   <= 262144       | of <= 128 threads (up to 8) as | 256; 262144 on 16: 1.43 of an add,
-//                |                   | above, else of <= 256          | tiled 1.83
+//                |                   | above, else of <= 256          | tiled 1.83; load-balanced 1.39 (v29)
 //                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows past 128 threads on two CTAs
 //                | <= 262144, beyond | and mul; 4 (narrow) for rows of| of <= 128 where they hold no more
