@@ -21,7 +21,7 @@
 //                |   <= 524288       | persistent: CTAs of <= 128     | clusters walk the rows; 131072: 1.18
 //                |                   | threads where they hold no more| on 8 x 128, 1.27 on 4 x 256 (65536 /
 //                |                   | threads than CTAs of <= 256    | 262144: 4 / 16 x 128; 262144
-//                |                   |                                | load-balanced 1.19, spread 1.26)
+//                |                   |                                | load-balanced 1.19, default 1.26)
 //                | H > 524288        | tiled                          | past 16 x 256 threads; the row walked
 //                |                   |                                | twice (the second pass mostly in L2)
 //   forward, odd | H <= 32769        | row, narrow: 8 (or 7) packs,   | CTAs of up to 512 threads (80 registers
@@ -52,7 +52,7 @@
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
 //   clusters     | of 16 CTAs launched with load balancing, a cluster's CTAs free to share an SM; smaller
-//                | ones spread, one CTA a cluster an SM (row_cluster_policy)
+//                | ones with the default policy, one CTA of a cluster an SM (row_cluster_policy)
 //   the start    | persistent grids of 8 rounds or more in four quarters (row_stagger_cycles); grids
 //                | of a block per R rows of more than one wave their first wave (row_wave_stagger_cycles)
 //   grouped_*    | as forward, backward: the same kernels and geometry, each row with its expert's parameters
@@ -266,17 +266,20 @@ constexpr int64_t kRowSumApartRounds = 4;
 
 // Rows of clusters: the launch's cluster scheduling policy preference (cudaClusterSchedulingPolicy:
 // 0 the default, 1 spread, 2 load balancing; a launch attribute where it is not 0, which the grid's
-// occupancy query sees too). By default a cluster's CTAs are spread over distinct SMs of one GPC, and
-// GPCs whose SMs do not divide into whole clusters leave SMs out: an H200 holds 14 clusters of 16 x
-// 256 threads where its registers hold 16.5, and 28 of 16 x 128 where they hold 33. Load balancing
-// lets CTAs of one cluster share an SM: 15 and 30. Clusters of more than kRowPortableCluster CTAs
-// (16) take it; smaller ones keep the default, which load balancing slowed where it added clusters
-// (their CTAs doubled up on an SM, and the cluster waits for its slowest). Measured on an H200
-// (bench/NOTES.md v29, h200-2026-12-04b/call2/tune.log, bf16 at M·H = 2^26, against the default in
-// the same run): on 16 CTAs, the forward at 262144 1.269 -> 1.201 of a copy, the backward 1.423 ->
-// 1.393 of an add, the fused forward at 131072 1.093 -> 1.069, the fused backward 1.433 -> 1.402;
-// on 8, the forward at 131072 1.153 -> 1.284, the backward at 65536 1.098 -> 1.180; on 4, the
-// forward at 65536 1.125 -> 1.124, the fused backward at 32768 1.082 -> 1.169.
+// occupancy query sees too). By default (0, which gave the grids of spread, 1) a cluster's CTAs sit on
+// distinct SMs of one GPC, and GPCs whose SMs do not divide into whole clusters leave SMs out: an H200
+// holds 14 clusters of 16 x 256 threads where its registers hold 16.5, and 28 of 16 x 128 where they
+// hold 33. Load balancing lets CTAs of one cluster share an SM: 15 and 30. Clusters of more than
+// kRowPortableCluster (8) CTAs, i.e. of 16, take it; smaller ones keep the default: on 8 CTAs load
+// balancing was slower where it added clusters (their CTAs doubled up on an SM, and the cluster waits
+// for its slowest), on 4 within the spread. Measured on an H200 (bench/NOTES.md v29,
+// h200-2026-12-04b/call2/tune.log and tune_mul.log, bf16 at M·H = 2^26, against the default in the
+// same run): on 16 CTAs, the forward at 262144 1.269 -> 1.201 of a copy, the backward 1.423 -> 1.393
+// of an add, the fused forward at 131072 1.093 -> 1.069, the fused backward 1.433 -> 1.402; on 8, the
+// forward at 131072 1.153 -> 1.284, the backward at 65536 1.098 -> 1.180, the fused backward at 32768
+// 1.082 -> 1.169; on 4, the forward at 65536 1.125 -> 1.124, the backward at 32768 1.090 -> 1.090,
+// the fused forward at 32768 1.073 -> 1.066, the fused backward at 16384 1.062 -> 1.049. Not measured
+// under it: the 16 x 256 forward rows (bf16 262144 < H <= 524288) and the fused forward's.
 constexpr int kRowClusterLoadBalancing = 2;
 inline int row_cluster_policy(int cluster) {
   const int tuned = row_tuning().cluster_policy;

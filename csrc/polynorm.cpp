@@ -201,8 +201,9 @@ std::atomic<int> g_cluster_policy{-1};
 // 512 gives the table of before the fourteenth session; the wide builds cap it at 256), the largest cluster (0 = the table's; past 8 CTAs, not portable: a
 // device that cannot place the row's cluster takes the tiled kernels), whether half-idle odd rows take a pack fewer (row_packs),
 // the clock cycles between the quarters of a row grid's first wave (-1 = the table's; launch.cuh, row_stagger),
-// and who sums the backward's dW / dB partials (-1 = the table's, 0 the row kernel's last block, 1 a kernel of their
-// own; launch_plan.h, row_sum_apart).
+// who sums the backward's dW / dB partials (-1 = the table's, 0 the row kernel's last block, 1 a kernel of their
+// own; launch_plan.h, row_sum_apart), and the cluster scheduling policy preference of rows of clusters (-1 = the
+// table's, 0 the default, 1 spread, 2 load balancing; launch_plan.h, row_cluster_policy).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs,
                int64_t stagger, int64_t sum_apart, int64_t cluster_policy) {
@@ -231,8 +232,9 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   g_cluster_policy.store(static_cast<int>(cluster_policy));
 }
 
-// The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." or
-// "tiled G=... rows=...". Computed on the host (no GPU needed).
+// The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." (and, for rows of
+// clusters, " policy=...": row_cluster_policy) or "tiled G=... rows=...". Computed on the host (no GPU
+// needed).
 std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtype, bool out_misaligned,
                            bool clusters) {
   TORCH_CHECK_VALUE(op == "forward" || op == "backward" || op == "mul_forward" || op == "mul_backward",

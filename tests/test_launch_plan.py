@@ -505,6 +505,7 @@ def test_clusters_of_16_take_load_balancing():
             tune(cluster_policy=p)
             assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == p
             assert fields(plan("forward", 65536, torch.bfloat16))["policy"] == p
+            assert "policy" not in fields(plan("forward", 4096, torch.bfloat16))  # one CTA a row: none
     finally:
         tune()
     assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == 2
