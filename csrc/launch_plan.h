@@ -263,6 +263,7 @@ static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
 // (the sum's launch let start once every block has left its rows; once every block had started,
 // 1.101 / 1.121); the fused backward 0.3-1% faster (2048-16384, started early), even at 65536.
 constexpr int64_t kRowSumApartRounds = 4;
+inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
 // Rows of clusters: the launch's cluster scheduling policy preference (cudaClusterSchedulingPolicy:
 // 0 the default, 1 spread, 2 load balancing; a launch attribute where it is not 0, which the grid's
@@ -286,7 +287,6 @@ inline int row_cluster_policy(int cluster) {
   if (tuned >= 0) return tuned;
   return cluster > kRowPortableCluster ? kRowClusterLoadBalancing : 0;
 }
-inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
 // The realigned row builds' phase (rows whose tensors start at different offsets into their
 // 16-byte chunks, and no stage or class area forbids it: csrc/cuda/forward.cuh and backward.cuh,
