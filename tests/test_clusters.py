@@ -185,3 +185,52 @@ def test_cluster_capture_in_cuda_graph(clusters):
     w, b = make_params(torch.float32, "cuda", gen)
     assert plan_cluster("forward", 8192, torch.bfloat16) > 1 and plan_cluster("backward", 8192, torch.bfloat16) > 1
     assert_graph_replay_matches_eager(x, g, w, b, lambda: make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen))
+
+
+# (H, cta_threads, max_cluster) of PolyNorm's backward rows of clusters of 4 CTAs or more: short rows
+# forced onto clusters of 32- or 64-thread CTAs (bf16 8192: 4 x 32, fp32 8 x 32; 16384: 4 / 8 x 64),
+# and the table's long rows (0: the table's; bf16 32768-262144: 4 x 128 to 16 x 256).
+# fp32 rows hold half the elements a pack: its 262144 takes the tiled kernels.
+SHARED_ROWS = [
+    (dtype, H, cta, cluster)
+    for dtype in DTYPES
+    for H, cta, cluster in [(8192, 32, 16), (16384, 64, 16), (32768, 0, 0), (131072, 0, 0), (262144, 0, 0)]
+    if not (dtype == torch.float32 and H == 262144)
+]
+
+
+@pytest.mark.parametrize("dtype,H,cta,cluster", SHARED_ROWS, ids=str)
+def test_shared_half_rows_give_the_register_plans_bits(dtype, H, cta, cluster):
+    # PolyNorm's backward on the shared-half plan (csrc/launch_plan.h, row_shared_half: the register
+    # plan's row on half its CTAs, each thread holding a second lane's packs in shared memory): grad_x
+    # bitwise the register plan's, and dW, dB (summed from per-row terms) the same bits for the
+    # aligned rows (the shared-half kernel) and for views of them one element in, or of grad_y
+    # expanded from one row (the register plan's realigning builds), against the oracle; each
+    # persistent cluster walks several rows (M over the resident clusters). Every output poisoned
+    # first (run_backend).
+    tune = torch.ops.polynorm._tune_rows
+    M = max(3, min(300, 2**23 // H))
+    gen = torch.Generator().manual_seed(seed_for("shared-half", dtype, H, cta, cluster))
+    x, g = (make_rows(M, H, dtype, "cuda", "contiguous", gen) for _ in range(2))
+    w, b = make_params(torch.float32, "cuda", gen)
+    try:
+        tune(cta_threads=cta, max_cluster=cluster, shared_half=0)
+        registers = run_backend("cuda", x, g, w, b, 1e-6)
+        tune(cta_threads=cta, max_cluster=cluster, shared_half=1)
+        text = torch.ops.polynorm._launch_plan("backward", H, dtype)
+        assert "shared_half=" in text and plan_cluster("backward", H, dtype) >= 4, text
+        out = run_backend("cuda", x, g, w, b, 1e-6)
+        check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} {dtype} {text}")
+        assert torch.equal(out.dx, registers.dx), "grad_x: not the register plan's bits"
+        again = run_backend("cuda", x, g, w, b, 1e-6)
+        x_mis = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view_as(x).copy_(x)
+        moved = run_backend("cuda", x_mis, g, w, b, 1e-6)
+        g_row = g[:1].expand(M, H)
+        expanded = run_backend("cuda", x, g_row.contiguous(), w, b, 1e-6)
+        expanded_mis = run_backend("cuda", x_mis, g_row, w, b, 1e-6)
+    finally:
+        tune()
+    for name in ("dx", "dw", "db"):
+        assert torch.equal(getattr(out, name), getattr(again, name)), f"{name}: not deterministic"
+        assert torch.equal(getattr(out, name), getattr(moved, name)), f"{name}: the view one element in differs"
+        assert torch.equal(getattr(expanded, name), getattr(expanded_mis, name)), f"{name}: the expanded grad_y differs"
