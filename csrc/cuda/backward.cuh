@@ -685,7 +685,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
   }
   __syncthreads();
-  if (threadIdx.x < 4 && !param_grads.per_row) {
+  // (kAligned: never per_row, and no test of it here: a run-time test at this spot moved two of the
+  // row's loads below its first math, bench/sass_load_order.py.)
+  if (threadIdx.x < 4 && (kLayout == kAligned || !param_grads.per_row)) {
     acc_t total = group_part[0][threadIdx.x];
     for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
     param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
@@ -736,6 +738,7 @@ __global__ void __launch_bounds__(kRowWideThreads, 2) poly_norm_bwd_shared_row_k
   const int64_t cluster_id = blockIdx.x >> (__ffs(C) - 1);
   const int64_t clusters = gridDim.x >> (__ffs(C) - 1);
   const int packs = static_cast<int>((H + kVec - 1) / kVec);
+  const uint32_t zero = static_cast<uint32_t>(H >> 62);  // 0, unknown to the compilers (below)
   const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
   const acc_t w2 = load_param<acc_t>(weight, 2);
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
@@ -749,9 +752,6 @@ __global__ void __launch_bounds__(kRowWideThreads, 2) poly_norm_bwd_shared_row_k
     const scalar_t* x_row = x + row * x_row_stride;
     const scalar_t* g_row = grad_y + row * g_row_stride;
     const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
-    Pack xb[kPacks], gb[kPacks], no_ext;
-    issue_row<scalar_t, kPacks>(xb, no_ext, x_row, H, rl[0], false);
-    issue_row<scalar_t, kPacks>(gb, no_ext, g_row, H, rl[0], false);
     // The second lane's packs (slot i: pack base + 32 i, an immediate offset), zeros past the row.
     // This thread's own slots only, which it read last in the previous row's stores: no barrier.
     const Pack* xs = reinterpret_cast<const Pack*>(x_row) + rl[1].base;
@@ -765,6 +765,19 @@ __global__ void __launch_bounds__(kRowWideThreads, 2) poly_norm_bwd_shared_row_k
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(slot_at(i, false)), "r"(0u) : "memory");
         asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(slot_at(i, true)), "r"(0u) : "memory");
       }
+    }
+    Pack xb[kPacks], gb[kPacks], no_ext;
+    issue_row<scalar_t, kPacks>(xb, no_ext, x_row, H, rl[0], false);
+    issue_row<scalar_t, kPacks>(gb, no_ext, g_row, H, rl[0], false);
+    // Every register load before any math: ptxas otherwise issued the first lane's last packs after
+    // starting on its first ones, a second memory round trip a row (bench/sass_load_order.py's
+    // failure). Slot 0's first word takes the bits of every loaded word ANDed with `zero` (0: H < 2^62,
+    // which ptxas cannot know), so its math waits for every load: the same bits.
+    {
+      uint32_t dep = 0u;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) dep |= xb[i].w | gb[i].w;
+      xb[0].x ^= dep & zero;
     }
     // Each lane's sums in the class order (element k of its packs, slot by slot, then the classes in
     // turn: the row kernel's aligned order); the second lane's read kCls classes of each pack at a time.
