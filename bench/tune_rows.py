@@ -19,15 +19,13 @@ puts on 16 then take the tiled kernels). ``--stagger N ...``: row grids started 
 quarters N clock cycles apart (a persistent grid all of it, a block per R rows its first wave;
 columns ``*-s<N>``; ``-s0``: never staggered). ``--policy N ...``: rows of clusters launched with
 cluster scheduling policy preference N (columns ``*-p<N>``: 0 the default, 1 spread, 2 load
-balancing; csrc/launch_plan.h, row_cluster_policy). ``--shared N ...``: PolyNorm's backward with the
-shared-half plan off (0) or wherever it serves (1) (columns ``b-h<N>``; csrc/launch_plan.h,
-row_shared_half: the same grad_x bits, dW / dB summed from per-row terms). ``--apart N ...``:
+balancing; csrc/launch_plan.h, row_cluster_policy). ``--apart N ...``:
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
 block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
-        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--shared N ...] [--persistent] [--apart N ...]
+        [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
 """
 
 import argparse
@@ -82,8 +80,6 @@ def main() -> None:
     parser.add_argument("--policy", type=int, nargs="*", default=[], choices=[0, 1, 2],
                         help="also rows of clusters under this cluster scheduling policy preference (columns *-p<N>: "
                              "0 the default, 1 spread, 2 load balancing)")
-    parser.add_argument("--shared", type=int, nargs="*", default=[], choices=[0, 1],
-                        help="also PolyNorm's backward with the shared-half plan off (0) or on (1) (columns b-h<N>)")
     parser.add_argument("--persistent", action="store_true",
                         help="the forward also on a persistent grid (grid_waves 1: column fw1 / mfw1), and with "
                         "--stagger N staggered (fw1-s<N>): the table's forward runs one-CTA rows a block per R rows; "
@@ -113,8 +109,6 @@ def main() -> None:
     for n in args.policy:
         fwd_variants[f"{f}-p{n}"] = {"cluster_policy": n}
         bwd_variants[f"{b}-p{n}"] = {"cluster_policy": n}
-    for n in args.shared:
-        bwd_variants[f"{b}-h{n}"] = {"shared_half": n}
     for n in args.apart:
         bwd_variants[f"{b}-a{n}"] = {"sum_apart": n}
         if n > 0:

@@ -177,8 +177,6 @@ struct RowTuning {
                      // kernel's last block, 1 by a kernel of their own
   int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
-  int shared_half;     // PolyNorm's backward rows of clusters: -1 the table's (row_shared_half), 0 registers only,
-                       // 1 the shared-half plan wherever it serves
 };
 RowTuning row_tuning();
 
@@ -349,7 +347,6 @@ struct LaunchPlan {
   int packs;        // row kernels: packs per thread and tensor
   RowPlan row;
   TiledPlan tiled;
-  bool shared_half;  // row kernels: PolyNorm's backward on the shared-half plan where aligned (row_shared_half)
 };
 
 // Packs the lanes of a row hold in their slots: the row's packs, but for rows not of whole packs
@@ -505,22 +502,6 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
   return {G, G >= kBlockThreads ? 1 : kBlockThreads / G};
 }
 
-// The shared-half plan of PolyNorm's backward (csrc/cuda/backward.cuh, poly_norm_bwd_shared_row_kernel):
-// a row whose register plan is a cluster of 2C >= kRowSharedMinCluster CTAs of G threads runs, where
-// it is aligned, on a cluster of C CTAs of G threads, each thread holding one lane's packs of x and
-// grad_y in registers and a second lane's in shared memory (64 KB a CTA of 256 threads for 8 packs
-// each of a 2-byte dtype): twice the bytes in flight a CTA, half the CTAs a row, and the register
-// plan's bits. Its grid differs from the register plan's, so such a row's dW / dB are summed from
-// per-row terms in every layout (ParamGrads::per_row), the same bits whichever build runs it.
-// Whole-pack rows only (the aligned layout's). kRowSharedHalf: whether the table takes it.
-constexpr int kRowSharedMinCluster = 4;
-constexpr bool kRowSharedHalf = false;
-inline bool row_shared_half(bool backward, bool mul, int64_t H, int elem_size, const RowPlan& plan) {
-  const int tuned = row_tuning().shared_half;
-  const bool on = tuned >= 0 ? tuned > 0 : kRowSharedHalf;
-  return on && backward && !mul && plan.ok && plan.cluster >= kRowSharedMinCluster && whole_packs(H, elem_size);
-}
-
 // The table above. `out_misaligned`: the output rows are not whole aligned packs; no choice
 // depends on it (both families write such rows themselves; tests/test_launch_plan.py pins it).
 // `clusters`: the device launches thread-block clusters (sm_90 and later). `forced` (a
@@ -536,7 +517,6 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
     plan.kind = KernelKind::kTiled;
   } else {
     plan.kind = KernelKind::kRow;
-    plan.shared_half = row_shared_half(backward, mul, H, elem_size, plan.row);
   }
   return plan;
 }
@@ -546,8 +526,7 @@ inline std::string describe(const LaunchPlan& p) {
     case KernelKind::kRow:
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
              " packs=" + std::to_string(p.packs) + " cluster=" + std::to_string(p.row.cluster) +
-             (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "") +
-             (p.shared_half ? " shared_half=" + std::to_string(p.row.cluster / 2) + "x" + std::to_string(p.row.G) : "");
+             (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "");
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

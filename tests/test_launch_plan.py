@@ -511,37 +511,6 @@ def test_clusters_of_16_take_load_balancing():
     assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == 2
 
 
-# Whether the table takes the shared-half plan (csrc/launch_plan.h, kRowSharedHalf).
-TABLE_SHARED_HALF = False
-
-
-@pytest.mark.parametrize("setting", [-1, 0, 1])
-def test_shared_half_serves_polynorms_backward_rows_of_clusters_of_4_or_more(setting):
-    # csrc/launch_plan.h, row_shared_half: PolyNorm's backward rows of whole packs whose register plan
-    # is a cluster of 4 CTAs or more take the shared-half plan (half the CTAs, _launch_plan's
-    # `shared_half=CxG`) where it is on: _tune_rows(shared_half=1), or the table's (-1). Never the
-    # forward, the fused op, rows of one CTA or of 2, odd rows. H over every cluster size, every dtype.
-    tune = torch.ops.polynorm._tune_rows
-    on = setting == 1 or (setting == -1 and TABLE_SHARED_HALF)
-    seen = set()
-    try:
-        tune(shared_half=setting)
-        for op in OPS:
-            for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-                for H in [2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)] + [3 * 2**k for k in range(9, 17)]:
-                    text = plan(op, H, dtype)
-                    f = fields(text)
-                    whole = H * dtype.itemsize % 16 == 0
-                    serves = op == "backward" and text.startswith("row ") and f["cluster"] >= 4 and whole
-                    assert ("shared_half" in f) == (on and serves), (op, dtype, H, text)
-                    if on and serves:
-                        assert f"shared_half={f['cluster'] // 2}x{f['G']}" in text, text
-                        seen.add(f["cluster"])
-    finally:
-        tune()
-    assert seen == ({4, 8, 16} if on else set()), seen  # every cluster size it serves, reached
-
-
 def test_tune_rows_splits_rows_never_changes_packs():
     tune = torch.ops.polynorm._tune_rows
     default = {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS}
@@ -582,8 +551,6 @@ TUNE_ROWS_ERRORS = [
     ((-1, True, 0, 0, True, -1, -2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got -2"),
     ((-1, True, 0, 0, True, -1, -1, 3), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got 3"),
     ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, 2), "polynorm._tune_rows: expected -1 <= shared_half <= 1, got 2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= shared_half <= 1, got -2"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

@@ -227,52 +227,6 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
   }
 }
 
-// A 16-byte pack from shared memory (a shared-window address), loaded where it stands.
-__device__ __forceinline__ Pack load_shared_pack(uint32_t addr) {
-  Pack p;
-  asm volatile("ld.volatile.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(p.x), "=r"(p.y), "=r"(p.z), "=r"(p.w) : "r"(addr));
-  return p;
-}
-
-// A row's share of [dw0, dw1, dw2, db] = [r_3 S_3, r_2 S_2, r_1 S_1, sum g] at terms[row] (ParamGrads::per_row).
-template <typename acc_t>
-__device__ __forceinline__ void write_row_terms(acc_t* terms, int64_t row, acc_t r3, acc_t r2, acc_t r1,
-                                                const acc_t (&s)[4]) {
-  terms[row * 4 + 0] = r3 * s[2];
-  terms[row * 4 + 1] = r2 * s[1];
-  terms[row * 4 + 2] = r1 * s[0];
-  terms[row * 4 + 3] = s[3];
-}
-
-// The row kernels' per-element arithmetic, one definition for every row build (so one contraction
-// into fused multiply-adds, and the same bits in each): a term of the sums (S_1, S_2, S_3, sum g), and
-// dx from the row's coefficients (c_p, d_p: docs/MATH.md).
-template <typename acc_t>
-__device__ __forceinline__ void add_bwd_terms(acc_t (&t)[4], acc_t v, acc_t g) {
-  const acc_t gx = g * v;
-  t[0] += gx;
-  t[1] += gx * v;
-  t[2] += gx * v * v;
-  t[3] += g;
-}
-template <typename acc_t>
-struct DxCoeffs {
-  acc_t c1, c2, c3, d1, d2, d3;
-  // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's range for
-  // |x| ~ 3e4 or tiny rows with eps = 0.
-  __device__ __forceinline__ DxCoeffs(acc_t w0, acc_t w1, acc_t w2, acc_t r3, acc_t r2, acc_t r1, const acc_t (&s)[4],
-                                      acc_t inv_h)
-      : c1(w2 * r1), c2(acc_t(2) * w1 * r2), c3(acc_t(3) * w0 * r3) {
-    d1 = c1 * ((r1 * s[0] * inv_h) * r1);
-    d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-    d3 = c3 * ((r3 * s[2] * inv_h) * r3);
-  }
-  __device__ __forceinline__ acc_t dx(acc_t v, acc_t g) const {
-    const acc_t v2 = v * v;
-    return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
-  }
-};
-
 // The row kernels' sums of a lane, in the class order: class k is element k of each of the lane's
 // packs (slots 0, 1, ...), summed in slot order from zero; the lane's sums are classes 0, 1, ...
 // added in turn. The aligned and pack-realigned builds sum their packs so. The same-phase and
@@ -445,10 +399,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int64_t row = first + group;
     const bool active = row < M;
     const int64_t r = active ? row : 0;
-    // The shared-half plan's rows (every layout): `part` holds the row's terms alone, written as the row's
-    // own partial after its stores (where registers are free), and no block partial is written.
-    // (Not the aligned build: where the shared-half kernel cannot run, such rows take the pack-realigned build.)
-    if (kLayout != kAligned && param_grads.per_row) part[0] = part[1] = part[2] = part[3] = acc_t(0);
     int expert = 0;  // E: none
     if (grouped) {
       // A row of 32 threads or more: every lane of the warp has it, so the warp votes (aligned
@@ -538,7 +488,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // realigned builds sum their chunks (as loaded; in the row's phase) and take the classes that
     // belong to its packs from its own and its next lane's sums. Past the row, the packs hold zeros.
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-    const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) { add_bwd_terms(t, v, g); };
+    const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) {
+      const acc_t gx = g * v;
+      t[0] += gx;
+      t[1] += gx * v;
+      t[2] += gx * v * v;
+      t[3] += g;
+    };
     const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
     if constexpr (kChunks) {
       class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
@@ -580,11 +536,19 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       part[2] += r1 * s[0];
       part[3] += s[3];
     }
-    const DxCoeffs<acc_t> co(rw0, rw1, rw2, r3, r2, r1, s, inv_h);
+    // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
+    // range for |x| ~ 3e4 or tiny rows with eps = 0.
+    const acc_t c1 = rw2 * r1, c2 = acc_t(2) * rw1 * r2, c3 = acc_t(3) * rw0 * r3;
+    const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
+    const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
+    const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
     // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
     // goes to gb (grad_out's registers), x's become dx.
     const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
-    const auto dx_at = [&](acc_t v, acc_t g) { return co.dx(v, g); };
+    const auto dx_at = [&](acc_t v, acc_t g) {
+      const acc_t v2 = v * v;
+      return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
+    };
     const auto grad_mul_at = [&](acc_t v, acc_t grad_out) { return grad_out * (v * (a1 + v * (a2 + v * a3)) + mb_bias); };
     const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
       return P::make([&](int k) { return dx_at(P::value(xp, k), grad_of(gp, mp, k)); });
@@ -669,11 +633,6 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
-    if (kLayout != kAligned && param_grads.per_row && active && rl.lane == 0) {
-      acc_t* terms = param_grads.partials + (first + group) * 4;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) terms[k] = part[k];
-    }
   }
   started.wait();  // a cluster that had no row: its arrival is waited on before it exits
   if (param_grads.apart) allow_param_sum();  // param_sum_kernel may be placed
@@ -685,171 +644,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     for (int k = 0; k < 4; ++k) group_part[group][k] = part[k];
   }
   __syncthreads();
-  // (kAligned: never per_row, and no test of it here: a run-time test at this spot moved two of the
-  // row's loads below its first math, bench/sass_load_order.py.)
-  if (threadIdx.x < 4 && (kLayout == kAligned || !param_grads.per_row)) {
+  if (threadIdx.x < 4) {
     acc_t total = group_part[0][threadIdx.x];
     for (int g = 1; g < R; ++g) total += group_part[g][threadIdx.x];
     param_grads.partials[int64_t(blockIdx.x) * 4 + threadIdx.x] = total;
   }
   if (!param_grads.apart) finish_param_grads(param_grads, threadIdx.x, int(blockDim.x));  // else param_sum_kernel
-}
-
-// Backward, shared-half row kernel: PolyNorm's aligned rows of the shared-half plan (launch_plan.h,
-// row_shared_half), the row of the register plan's 2C CTAs of G lanes on a cluster of C CTAs. Each
-// thread runs lane t of CTA rank r of the register plan (its kPacks packs each of x and grad_y in
-// registers, as the row kernel holds them) and lane t of CTA rank r + C (its packs in this CTA's
-// shared memory, brought by cp.async, so no register waits on them): twice the bytes in flight a
-// CTA, half the CTAs a row. Each lane's sums are the row kernel's (the class order); the cluster
-// exchange takes each lane's warp sums to its own warp's slot (cluster_row_reduce_lanes), so the
-// row's sums, and dx, are the register plan's bits, which the misaligned layouts keep running. dW
-// and dB: each row's terms (ParamGrads::per_row, as every layout of such a row writes them), summed
-// apart over the rows. Shared memory: [kPacks][256] packs of x, then of grad_y (lane t's slot i at
-// i 256 + t, a warp's 512 contiguous bytes; a stride fixed at compile time, so that every slot's
-// address is an immediate offset, whatever G), then the cluster slots ([2][2 C G / 32][4]).
-template <typename scalar_t, int kPacks>
-__global__ void __launch_bounds__(kRowWideThreads, 2) poly_norm_bwd_shared_row_kernel(
-    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart, 16-byte aligned
-    int64_t g_row_stride,
-    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart, 16-byte aligned
-    int64_t x_row_stride,
-    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
-    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
-    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // per_row and apart
-    int64_t M,
-    int64_t H,
-    int G,
-    int C,                                               // this launch's CTAs a row (the register plan's / 2)
-    RowStagger stagger) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  constexpr int kVec = P::kVec;
-  extern __shared__ __align__(16) unsigned char dyn_smem[];
-  constexpr int kStride = kRowWideThreads;  // slot i of lane t at i kStride + t
-  constexpr uint32_t kHalfBytes = kPacks * kStride * sizeof(Pack);  // x's, then grad_y's
-  acc_t* const cluster_slots = reinterpret_cast<acc_t*>(dyn_smem + 2 * kHalfBytes);
-  __shared__ __align__(8) uint64_t cluster_bars[2];
-
-  const int t = static_cast<int>(threadIdx.x);
-  const int rank = static_cast<int>(blockIdx.x) & (C - 1);
-  const RowLane rl[2] = {row_lane_at<kPacks, true>(rank, G, 2 * C), row_lane_at<kPacks, true>(rank + C, G, 2 * C)};
-  const int64_t cluster_id = blockIdx.x >> (__ffs(C) - 1);
-  const int64_t clusters = gridDim.x >> (__ffs(C) - 1);
-  const int packs = static_cast<int>((H + kVec - 1) / kVec);
-  const uint32_t zero = static_cast<uint32_t>(H >> 62);  // 0, unknown to the compilers (below)
-  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
-  const acc_t w2 = load_param<acc_t>(weight, 2);
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  // This thread's slot 0 of x; slot i of x at + i kStride packs, of grad_y at + kHalfBytes more.
-  const uint32_t own = static_cast<uint32_t>(__cvta_generic_to_shared(dyn_smem)) + t * uint32_t(sizeof(Pack));
-  const auto slot_at = [&](int i, bool grad) { return own + (grad ? kHalfBytes : 0u) + i * kStride * uint32_t(sizeof(Pack)); };
-  stagger_start(cluster_id, stagger);
-  ClusterStart started(C, cluster_bars);
-  int parity = 0;
-  for (int64_t row = cluster_id; row < M; row += clusters, parity ^= 1) {
-    const scalar_t* x_row = x + row * x_row_stride;
-    const scalar_t* g_row = grad_y + row * g_row_stride;
-    const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
-    // The second lane's packs (slot i: pack base + 32 i, an immediate offset), zeros past the row.
-    // This thread's own slots only, which it read last in the previous row's stores: no barrier.
-    const Pack* xs = reinterpret_cast<const Pack*>(x_row) + rl[1].base;
-    const Pack* gs = reinterpret_cast<const Pack*>(g_row) + rl[1].base;
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      if (rl[1].base + i * 32 < packs) {
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot_at(i, false)), "l"(xs + i * 32) : "memory");
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(slot_at(i, true)), "l"(gs + i * 32) : "memory");
-      } else {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(slot_at(i, false)), "r"(0u) : "memory");
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(slot_at(i, true)), "r"(0u) : "memory");
-      }
-    }
-    Pack xb[kPacks], gb[kPacks], no_ext;
-    issue_row<scalar_t, kPacks>(xb, no_ext, x_row, H, rl[0], false);
-    issue_row<scalar_t, kPacks>(gb, no_ext, g_row, H, rl[0], false);
-    // Every register load before any math: ptxas otherwise issued the first lane's last packs after
-    // starting on its first ones, a second memory round trip a row (bench/sass_load_order.py's
-    // failure). Slot 0's first word takes the bits of every loaded word ANDed with `zero` (0: H < 2^62,
-    // which ptxas cannot know), so its math waits for every load: the same bits.
-    {
-      uint32_t dep = 0u;
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) dep |= xb[i].w | gb[i].w;
-      xb[0].x ^= dep & zero;
-    }
-    // Each lane's sums in the class order (element k of its packs, slot by slot, then the classes in
-    // turn: the row kernel's aligned order); the second lane's read kCls classes of each pack at a time.
-    acc_t s[2][4] = {{acc_t(0), acc_t(0), acc_t(0), acc_t(0)}, {acc_t(0), acc_t(0), acc_t(0), acc_t(0)}};
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) {
-      acc_t c[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) add_bwd_terms(c, P::value(xb[i], k), P::value(gb[i], k));
-#pragma unroll
-      for (int q = 0; q < 4; ++q) s[0][q] += c[q];
-    }
-    // The wait in a block of its own (H > 0 always): ptxas would otherwise hoist it above the first
-    // lane's sums and sink the register loads below it, each waiting for the other's bytes.
-    if (H > 0) asm volatile("cp.async.wait_all;" ::: "memory");
-    constexpr int kCls = 2;  // classes a pass: 4 bytes of each pack (2-byte dtypes), 8 (fp32), 16 (fp64)
-#pragma unroll
-    for (int k0 = 0; k0 < kVec; k0 += kCls) {
-      acc_t c[kCls][4];
-#pragma unroll
-      for (int k = 0; k < kCls; ++k) c[k][0] = c[k][1] = c[k][2] = c[k][3] = acc_t(0);
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) {
-        // Volatile loads where they stand: the compilers (ptxas too) would otherwise merge the passes'
-        // loads into whole packs read once and held (the registers this kernel exists to spare).
-        Pack xp = make_uint4(0u, 0u, 0u, 0u), gp = xp;
-        const uint32_t byte0 = k0 * uint32_t(sizeof(scalar_t));  // the classes' first byte in the pack
-        if constexpr (kCls * sizeof(scalar_t) == 4) {
-          asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(xp.x) : "r"(slot_at(i, false) + byte0));
-          asm volatile("ld.volatile.shared.u32 %0, [%1];" : "=r"(gp.x) : "r"(slot_at(i, true) + byte0));
-        } else if constexpr (kCls * sizeof(scalar_t) == 8) {
-          asm volatile("ld.volatile.shared.v2.u32 {%0, %1}, [%2];" : "=r"(xp.x), "=r"(xp.y) : "r"(slot_at(i, false) + byte0));
-          asm volatile("ld.volatile.shared.v2.u32 {%0, %1}, [%2];" : "=r"(gp.x), "=r"(gp.y) : "r"(slot_at(i, true) + byte0));
-        } else {
-          xp = load_shared_pack(slot_at(i, false));
-          gp = load_shared_pack(slot_at(i, true));
-        }
-#pragma unroll
-        for (int k = 0; k < kCls; ++k) add_bwd_terms(c[k], P::value(xp, k), P::value(gp, k));
-      }
-#pragma unroll
-      for (int k = 0; k < kCls; ++k) {
-#pragma unroll
-        for (int q = 0; q < 4; ++q) s[1][q] += c[k][q];
-      }
-    }
-    cluster_row_reduce_lanes<4, 2>(s, cluster_slots, parity, rl, C, started);
-    if (rank == 0 && t == 0) write_row_terms(param_grads.partials, row, r3, r2, r1, s[0]);  // as the row kernel's `part`
-    const DxCoeffs<acc_t> co(w0, w1, w2, r3, r2, r1, s[0], inv_h);
-    const auto dx_of = [&](const Pack& xp, const Pack& gp) {
-      return P::make([&](int k) { return co.dx(P::value(xp, k), P::value(gp, k)); });
-    };
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      keep_raw(xb[i]);
-      keep_raw(gb[i]);
-      if (warp_idle(rl[0], i, packs)) continue;  // never stored
-      xb[i] = dx_of(xb[i], gb[i]);
-    }
-    store_row<scalar_t, kPacks>(grad_x + row * H, xb, H, rl[0], false, true);
-    Pack* dx_row = reinterpret_cast<Pack*>(grad_x + row * H);
-#pragma unroll
-    for (int i = 0; i < kPacks; ++i) {
-      const int p = rl[1].base + i * 32;
-      if (p < packs) dx_row[p] = dx_of(load_shared_pack(slot_at(i, false)), load_shared_pack(slot_at(i, true)));
-    }
-  }
-  started.wait();  // a cluster that had no row: its arrival is waited on before it exits
-  allow_param_sum();
-#else
-  __trap();  // launched on sm_90 and later only (clusters: launch_plan.h)
-#endif
 }
 
 }  // namespace

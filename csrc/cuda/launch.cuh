@@ -534,39 +534,6 @@ void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t 
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, &param_sum_kernel<acc_t>, pg, blocks));
 }
 
-// The shared-half plan's aligned rows (launch_plan.h, row_shared_half; backward.cuh,
-// poly_norm_bwd_shared_row_kernel): the register plan `row`'s row on clusters of half its CTAs, a
-// persistent grid, each row's dW / dB terms summed apart. False, launching nothing, where the
-// device cannot place such a cluster with its shared memory: the register plan then runs the row,
-// with the same bits.
-template <typename scalar_t, int kPacks>
-bool launch_backward_shared_half(const RowPlan& row, const scalar_t* g_ptr, int64_t g_stride, const scalar_t* x_ptr,
-                                 int64_t x_stride, const at::opmath_type<scalar_t>* rstd, ParamRef weight,
-                                 scalar_t* dx_ptr, ParamGrads<at::opmath_type<scalar_t>> pg, at::Tensor& partials,
-                                 const at::Tensor& acc_like, int64_t M, int64_t H, cudaStream_t stream) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const RowPlan half{true, row.G, row.threads, row.cluster / 2};
-  const auto kernel = &poly_norm_bwd_shared_row_kernel<scalar_t, kPacks>;
-  // x's and grad_y's packs of the second lanes, then the register plan's cluster slots (a slot for each of its warps).
-  TORCH_INTERNAL_ASSERT(row.threads <= kRowWideThreads, "polynorm: a shared-half row of ", num(row.threads), " threads");
-  const size_t smem = 2 * size_t(kPacks) * kRowWideThreads * sizeof(Pack) + cluster_slot_bytes(row, 4, sizeof(acc_t));
-  if (!smem_fits(kernel, smem)) return false;
-  allow_smem(kernel, smem);
-  const int64_t resident = resident_clusters(kernel, half, smem);
-  if (resident == 0) return false;
-  const RowTuning tuning = row_tuning();
-  const int waves = tuning.grid_waves > 0 ? tuning.grid_waves : 1;
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>(M, waves * resident)) * half.cluster;
-  partials = at::empty({M, 4}, acc_like.options());
-  pg.partials = partials.mutable_data_ptr<acc_t>();
-  pg.apart = true;
-  pg.per_row = true;
-  launch_row_kernel(kernel, half, grid, smem, stream, g_ptr, g_stride, x_ptr, x_stride, rstd, weight, dx_ptr, pg, M, H,
-                    row.G, half.cluster, row_stagger(kernel, half, M, grid, smem, 1, true));
-  launch_param_sum(pg, M, stream);
-  return true;
-}
-
 // The row kernel's backward launch for kPacks packs a thread; allocates the partials (not
 // for a grouped launch, whose rows write their terms to grouping.row_terms instead).
 template <typename scalar_t, int kPacks, bool kMul>
@@ -619,7 +586,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     return (l == kSamePhase || l == kRealigned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
            cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   };
-  auto kernel = build(layout);
+  const auto kernel = build(layout);
   TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
                         " bytes of shared memory do not fit");
   // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one of
@@ -685,45 +652,24 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // aligned rows' bits (a misaligned view of such rows then runs its realigned build on a block
   // per R rows: bf16 4096, 1.04 of its add against 0.98 persistent, bench/NOTES.md v19 call 4).
   const RowTuning tuning = row_tuning();
-  // The shared-half plan (launch_plan.h, row_shared_half): dW and dB from per-row terms in every
-  // layout, summed apart over the rows; its aligned rows on their own kernel (launch_backward_shared_half).
-  const bool per_row = !kMul && !grouped && lp.shared_half;
-  TORCH_INTERNAL_ASSERT(!per_row || kPacks == kRowBwdPacks, "polynorm: a shared-half row of ", num(kPacks), " packs");
-  if constexpr (!kMul && kPacks == kRowBwdPacks) {
-    if (per_row && layout == kAligned) {
-      if (launch_backward_shared_half<scalar_t, kPacks>(row, g_ptr, g_stride, x_ptr, x_stride, rstd, weight, dx_ptr, pg,
-                                                        partials, acc_like, M, H, stream)) {
-        return true;
-      }
-      // The device cannot place it: the pack-realigned build, which writes per-row terms (the aligned
-      // build does not) and realigns nothing here, the same bits.
-      layout = kPackRealigned;
-      kernel = build(layout);
-      allow_smem(kernel, smem_of(layout));
-      if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, smem_of(layout));
-    }
-  }
   const int64_t persistent = row_grid(sizing, row, M, smem, 1);
   const int64_t groups = row_groups(row, M);
   const int64_t rounds = (groups + persistent / row.cluster - 1) / (persistent / row.cluster);
-  const bool apart =
-      per_row || (!grouped && (tuning.sum_apart >= 0 ? tuning.sum_apart > 0 : row_sum_apart(rounds)));
+  const bool apart = !grouped && (tuning.sum_apart >= 0 ? tuning.sum_apart > 0 : row_sum_apart(rounds));
   const bool full_lanes = whole_packs(H, sizeof(scalar_t)) &&
                           int64_t(row.G) * kPacks == slot_packs(H, static_cast<int>(sizeof(scalar_t)));
   const bool row_blocks = apart && !kMul && row.cluster == 1 && full_lanes && groups <= kMaxGridBlocks;
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : row_blocks ? 0 : 1;
   const int64_t blocks = waves == 1 ? persistent : row_grid(sizing, row, M, smem, waves);
-  const int64_t terms = per_row ? M : blocks;  // the partials: a block's, or a row's
   if (!grouped) {
-    partials = at::empty({terms, 4}, acc_like.options());
+    partials = at::empty({blocks, 4}, acc_like.options());
     pg.partials = partials.mutable_data_ptr<at::opmath_type<scalar_t>>();
     pg.apart = apart;
-    pg.per_row = per_row;
   }
   launch_row_kernel(kernel, row, blocks, launch_smem, stream, g_ptr, g_stride, g_flag, x_ptr, x_stride, x_flag, rstd,
                     weight, dx_ptr, dx_flag, pg, margs, grouping, M, H, row.G, row.cluster,
                     row_stagger(sizing, row, M, blocks, smem, waves, true));
-  if (apart) launch_param_sum(pg, terms, stream);
+  if (apart) launch_param_sum(pg, blocks, stream);
   return true;
 }
 

@@ -225,10 +225,9 @@ __device__ __forceinline__ RowBlock row_block(int G, int C) {
 // is known at compile time: every slot's index and test is a constant offset. Measured on the
 // misaligned builds (bench/NOTES.md v25): with the same-phase backward's patches, the 5125
 // backward 1.30 -> 1.14 of an add and 12% fewer instructions; the odd-H forwards 2-5% faster.
-// row_lane_at: the lane of this thread in CTA `rank` of a row of C CTAs, whichever CTA runs it (the
-// shared-half backward, backward.cuh, runs two ranks' lanes in one thread).
 template <int kPacks, bool kWholeWarps = false>
-__device__ __forceinline__ RowLane row_lane_at(int rank, int G, int C) {
+__device__ __forceinline__ RowLane row_lane(int G, int C) {
+  const int rank = C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0;
   const int t = static_cast<int>(threadIdx.x);
   const int lane = rank * G + ((G & (G - 1)) == 0 ? t & (G - 1) : t);  // G not a power of two: R = 1
   const int Gt = G * C;
@@ -237,10 +236,6 @@ __device__ __forceinline__ RowLane row_lane_at(int rank, int G, int C) {
   const int j = lane & (W - 1);
   const int seg = lane >> wlog;
   return RowLane{lane, Gt, W, wlog, j, seg * W * kPacks + j, (seg + 1) * W * kPacks};
-}
-template <int kPacks, bool kWholeWarps = false>
-__device__ __forceinline__ RowLane row_lane(int G, int C) {
-  return row_lane_at<kPacks, kWholeWarps>(C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0, G, C);
 }
 
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for

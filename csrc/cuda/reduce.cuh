@@ -188,22 +188,15 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // makes after it has read the slots of p. Before its first store into a peer, a CTA waits once
 // on the cluster's start barrier (`started`, ClusterStart above). Measured on an H200 against
 // the cluster barrier (bench/NOTES.md v15): 5-12% faster at every row of clusters, the same bits.
-// cluster_row_reduce_lanes: the same for threads that each hold kLanes lanes of the row (rl[h], lanes
-// of distinct warps; the shared-half backward's two, backward.cuh): each lane's sums take its own
-// warp's xor tree and go to its own warp's slot, as if a thread ran it, so the bits are those of the
-// row on one lane a thread; C: the cluster's CTAs, whose every slot array gets each lane's sums.
-template <int N, int kLanes, typename acc_t>
-__device__ __forceinline__ void cluster_row_reduce_lanes(acc_t (&v)[kLanes][N], acc_t* slots, int parity,
-                                                         const RowLane (&rl)[kLanes], int C, ClusterStart& started) {
+template <int N, typename acc_t>
+__device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
+                                                   int C, ClusterStart& started) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #pragma unroll
-  for (int h = 0; h < kLanes; ++h) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) {
-      for (int off = 16; off > 0; off /= 2) v[h][k] += __shfl_xor_sync(0xffffffffu, v[h][k], off);
-    }
+  for (int k = 0; k < N; ++k) {
+    for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
   }
-  const int warps = rl[0].G / 32;
+  const int warps = rl.G / 32;
   acc_t* buffer = slots + parity * warps * N;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(started.bars + parity));
@@ -217,14 +210,10 @@ __device__ __forceinline__ void cluster_row_reduce_lanes(acc_t (&v)[kLanes][N], 
   // again: the shuffle tree orders them by data alone; this makes it an ordering of the warp.
   __syncwarp();
   if (lane < C) {
-    const uint32_t peer_bar = peer_address(bar, lane);
+    const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
+    const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
 #pragma unroll
-    for (int h = 0; h < kLanes; ++h) {
-      const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl[h].lane / 32) * N));
-      const uint32_t peer_slot = peer_address(slot, lane);
-#pragma unroll
-      for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[h][k], peer_bar);
-    }
+    for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[k], peer_bar);
   }
   const uint32_t phase = (started.phases >> parity) & 1u;
   uint32_t done = 0;
@@ -240,23 +229,11 @@ __device__ __forceinline__ void cluster_row_reduce_lanes(acc_t (&v)[kLanes][N], 
     acc_t total = acc_t(0);
     for (int w = lane; w < warps; w += 32) total += buffer[w * N + k];
     for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-#pragma unroll
-    for (int h = 0; h < kLanes; ++h) v[h][k] = total;
+    v[k] = total;
   }
 #else
   __trap();  // clusters are launched on sm_90 and later only (plan_for)
 #endif
-}
-template <int N, typename acc_t>
-__device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
-                                                   int C, ClusterStart& started) {
-  acc_t lanes[1][N];
-#pragma unroll
-  for (int k = 0; k < N; ++k) lanes[0][k] = v[k];
-  const RowLane rls[1] = {rl};
-  cluster_row_reduce_lanes<N, 1>(lanes, slots, parity, rls, C, started);
-#pragma unroll
-  for (int k = 0; k < N; ++k) v[k] = lanes[0][k];
 }
 
 // Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
@@ -270,8 +247,6 @@ struct ParamGrads {
   acc_t* grad_weight;       // (3,) opmath: [dw0, dw1, dw2]
   acc_t* grad_bias;         // (1,) opmath
   bool apart = false;       // row kernels: param_sum_kernel sums the partials, not the last block
-  bool per_row = false;     // row kernels (with apart): partials[row] holds the row's terms, written by its first
-                            // lane, not a block's (rows of the shared-half plan in every layout: launch_plan.h)
 };
 
 // The partials' sum in a fixed order, by `threads` threads (`tid`: this one's index, the
