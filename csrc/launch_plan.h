@@ -435,12 +435,7 @@ inline int row_small_cluster(bool backward) {
 // The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap;
 // the wide builds' CTAs hold at most kRowWideThreads threads (so do their rows without clusters).
 inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
-  // Bench only (bench/NOTES.md v31): PolyNorm's backward under _tune_rows(cta_threads=512) takes CTAs of 512
-  // (the aligned build only: launch.cuh, launch_backward_row).
-  const bool wide512 = backward && !mul && row_tuning().cta_threads == 2 * kRowWideThreads;
-  const int cap = !wide_build(backward, mul, packs_per_thread) ? kRowMaxThreads
-                  : wide512                                     ? 2 * kRowWideThreads
-                                                                : kRowWideThreads;
+  const int cap = wide_build(backward, mul, packs_per_thread) ? kRowWideThreads : kRowMaxThreads;
   const int split = std::min(row_split_threads(backward), cap);
   return row_plan(H, elem_size, packs_per_thread, split, std::min(row_cta_threads(), cap), row_max_cluster(clusters),
                   cap, backward ? kRowBwdSmallSplit : mul ? std::min(split, kRowMulFwdSmallSplit) : split,

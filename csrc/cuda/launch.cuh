@@ -572,15 +572,10 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   int layout = !realign ? kAligned : same_phase ? kSamePhase : to_packs ? kPackRealigned : kRealigned;
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;  // the grouped builds (kGrouped)
   constexpr bool kWide = wide_build(true, kMul, kPacks);
-  // Bench only (bench/NOTES.md v31): under _tune_rows(cta_threads=512), PolyNorm's aligned backward rows
-  // take CTAs of 512 threads (launch_plan.h, row_plan_for); no other layout has such a build.
-  const bool wide512 = !kMul && !grouped && row.threads > kRowWideThreads;
   const auto build = [&](int l) {
-    auto k = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(wide512 ? RowPlan{true, 256, 256, 1} : row, l);
+    auto k = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, l);
     if constexpr (!kMul) {
       if (grouped) k = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, l);
-      TORCH_CHECK(!wide512 || l == kAligned, "polynorm: CTAs of 512 threads (a bench tuning) serve aligned rows only");
-      if (wide512) k = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAligned, 512, false, false, false>;
     }
     return k;
   };
@@ -641,7 +636,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // A grouped launch sums no partials (its rows write their terms), but is sized by its own
   // aligned build all the same. The launched build must fit a cluster too (checked by name).
   static_assert(kWide, "the backward's row builds are all wide (launch_plan.h, row_packs)");
-  auto sizing = build(kAligned);
+  auto sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Of, kWide>(row, kAligned);
   if constexpr (!kMul) {
     if (grouped) sizing = row_kernel<BwdRowBuild<scalar_t, kPacks, kMul>::template Grouped, kWide>(row, kAligned);
   }
