@@ -1,4 +1,4 @@
-"""The aligned row kernels issue every row load before the first instruction that waits for one
+"""The row kernels (every layout) issue every row load before the first instruction that waits for one
 (bench/sass_load_order.py; bench/NOTES.md v20): read from the built extension's SASS, so it runs
 on the CPU machine and in CI, wherever the extension has its CUDA objects and ``cuobjdump`` is
 found with ``nvdisasm`` (the pip packages ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,
@@ -70,5 +70,6 @@ def test_row_kernels_issue_their_loads_first():
     checked, problems = sass.check([binary])
     if checked == 0:
         pytest.skip(f"the extension has no {sass.ARCH} code (TORCH_CUDA_ARCH_LIST without 9.0)")
-    assert checked >= 20, f"only {checked} aligned {sass.ARCH} row kernels found in {binary}"
+    # 26 aligned builds and 70 of each realigning layout at 546b8e9.
+    assert checked >= 200, f"only {checked} {sass.ARCH} row kernels found in {binary}"
     assert not problems, "\n".join(problems)
