@@ -26,6 +26,7 @@ block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart)
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
+        [--stage]
 """
 
 import argparse
@@ -88,6 +89,9 @@ def main() -> None:
                         help="also with the backward's partials summed by the last block (0) or apart (1): "
                         "columns b-a<N> (the grid that choice takes), bw1-a1 / bw0-a1 (persistent / a block per "
                         "R rows, apart)")
+    parser.add_argument("--stage", action="store_true",
+                        help="also the backward's aligned rows of clusters through shared-memory stages a row ahead "
+                        "(_tune_rows' stage_rows; column b-st / mb-st): the same bits as the table's")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -114,6 +118,8 @@ def main() -> None:
         if n > 0:
             bwd_variants[f"{b}w1-a{n}"] = {"grid_waves": 1, "sum_apart": n}
             bwd_variants[f"{b}w0-a{n}"] = {"grid_waves": 0, "sum_apart": n}
+    if args.stage:
+        bwd_variants[f"{b}-st"] = {"stage_rows": True}
     if args.persistent:
         fwd_variants[f"{f}w1"] = {"grid_waves": 1}
         for n in args.stagger:
@@ -173,7 +179,7 @@ def main() -> None:
                         for got, exp in zip(grads, ref):
                             rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))
                             err = max(err, rel / torch.finfo(exp.dtype).eps)
-                    elif set(kw) == {"stagger"}:  # a start's delay never changes a bit
+                    elif set(kw) in ({"stagger"}, {"stage_rows"}):  # a start's delay, or the stages: never a bit
                         if not all(torch.equal(got, exp) for got, exp in zip(grads, ref)):
                             err = float("inf")
                     elif not torch.equal(grads[0], ref[0]):  # the grid never changes a row's bits

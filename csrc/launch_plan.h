@@ -177,6 +177,7 @@ struct RowTuning {
                      // kernel's last block, 1 by a kernel of their own
   int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
+  bool stage_rows;     // bench only: the aligned backward's rows of clusters through shared-memory stages a row ahead
 };
 RowTuning row_tuning();
 

@@ -319,8 +319,9 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
 
 // Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
 // reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks, kLayout != kAligned))
+template <typename scalar_t, int kPacks, int kBuild, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks,
+                                                              kBuild != kAligned && kBuild != kAlignedStaged))
     poly_norm_bwd_row_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
     int64_t g_row_stride,
@@ -347,6 +348,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   // Dynamic: the same-phase and realigned builds' class areas (a warp's: bwd_class_area_bytes, class_sums),
   // then, C > 1, the cluster slots ([2][C G / 32][4]).
   extern __shared__ __align__(16) unsigned char dyn_smem[];
+  // kAlignedStaged: the aligned build, its rows' packs through the threads' stages a row ahead (stage_copies).
+  constexpr bool kStaged = kBuild == kAlignedStaged;
+  constexpr int kLayout = kStaged ? int(kAligned) : kBuild;
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   // The rows as chunks, summed in the class order through the class areas (class_sums): the
   // same-phase and realigned builds; the aligned and pack-realigned ones hold packs.
@@ -395,6 +399,18 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   __shared__ __align__(8) uint64_t cluster_bars[2];  // C > 1: cluster_row_reduce's mbarriers
   if constexpr (!kGrouped) stagger_start(cluster_id, stagger);
   ClusterStart started(C, cluster_bars);  // C > 1: arrived; waited on before the first store into a peer
+  // kStaged (rows of clusters, R = 1): the stage after the cluster slots, [kMul ? 3 : 2][kPacks][blockDim.x] packs.
+  Pack* stage = reinterpret_cast<Pack*>(cluster_slots + 2 * (rl.G / 32) * 4 * sizeof(acc_t));
+  const int row_packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+  const auto stage_row = [&](int64_t at, uint32_t after) {
+    stage_copies<scalar_t, kPacks>(stage, 0, x + at * x_row_stride, row_packs, rl, after);
+    stage_copies<scalar_t, kPacks>(stage, 1, grad_y + at * g_row_stride, row_packs, rl, after);
+    if constexpr (kMul) stage_copies<scalar_t, kPacks>(stage, 2, mul.mul + at * mul.row_stride, row_packs, rl, after);
+    stage_commit();
+  };
+  if constexpr (kStaged) {
+    if (cluster_id * R < M) stage_row(cluster_id * R, 0u);
+  }
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;
@@ -418,10 +434,26 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       r2 = rstd[row * 3 + 1];
       r1 = rstd[row * 3 + 2];
     }
+    Pack mb_staged[kMul && kStaged ? kPacks : 1];  // kStaged: mul's packs, from the stage
     // Realigned build: the row's phase, each input's start (issue_row_at) and its chunk after ext.
     int phase = 0, x_start = 0, g_start = 0, m_start = 0;
     Pack x_ext2, g_ext2, m_ext2;
-    if constexpr (same_phase && !kMul) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
+    if constexpr (kStaged) {
+      // This row's packs from the stage, then the next row's copies into it, ordered after these reads by
+      // a zero that ptxas cannot see through: (every word read) & (H >> 62).
+      stage_wait();
+      stage_read(xb, stage, 0);
+      stage_read(gb, stage, 1);
+      uint32_t bits = 0u;
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) bits |= xb[i].x | xb[i].y | xb[i].z | xb[i].w | gb[i].x | gb[i].y | gb[i].z | gb[i].w;
+      if constexpr (kMul) {
+        stage_read(mb_staged, stage, 2);
+#pragma unroll
+        for (int i = 0; i < kPacks; ++i) bits |= mb_staged[i].x | mb_staged[i].y | mb_staged[i].z | mb_staged[i].w;
+      }
+      if (first + step < M) stage_row(first + step, bits & static_cast<uint32_t>(H >> 62));
+    } else if constexpr (same_phase && !kMul) {  // x's and grad_y's rows start alike (same_phase_rows): one shift, one test a slot
       issue_rows<scalar_t, kPacks, kGrouped>(xb, x_ext, x_row, gb, g_ext, g_row, owned ? H : 0, rl);
     } else if constexpr (kLayout == kRealigned) {
       const scalar_t* phase_row = !x_realign ? x_row : !g_realign ? g_row : grad_x + r * H;
@@ -445,6 +477,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       m_start = issue_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_row, H, rl, phase, m_realign);
     } else if constexpr (kMul && kToPacks) {
       issue_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign);
+    } else if constexpr (kMul && kStaged) {
+#pragma unroll
+      for (int i = 0; i < kPacks; ++i) mb[i] = mb_staged[i];
     } else if constexpr (kMul) {
       const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
 #pragma unroll

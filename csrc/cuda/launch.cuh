@@ -586,9 +586,18 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
     return (l == kSamePhase || l == kRealigned ? size_t(row.threads / 32) * bwd_class_area_bytes<scalar_t>() : 0) +
            cluster_slot_bytes(row, 4, sizeof(at::opmath_type<scalar_t>));
   };
-  const auto kernel = build(layout);
+  auto kernel = build(layout);
   TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
                         " bytes of shared memory do not fit");
+  // Bench only (_tune_rows(stage_rows=True)): the aligned rows of clusters through the threads' stages
+  // (backward.cuh, kAlignedStaged), the table's packs; the same bits.
+  size_t stage_bytes = 0;
+  if constexpr (kPacks == (kMul ? kRowMulBwdPacks : kRowBwdPacks) && sizeof(scalar_t) <= 4) {
+    if (row_tuning().stage_rows && layout == kAligned && row.cluster > 1 && row.threads == kStageThreads && !grouped) {
+      kernel = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAlignedStaged, 256, kMul, false, false>;
+      stage_bytes = size_t(kMul ? 3 : 2) * kPacks * row.threads * sizeof(Pack);
+    }
+  }
   // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one of
   // least realignment cost (launch_plan.h, realign_phase); the flags say which tensors are
   // realigned into or out of it (kMul: mul's and grad_mul's in `margs`' vec_ok and grad_vec_ok).
@@ -642,7 +651,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   if (!clusters_fit(row, build, smem_of)) return false;
   // The launched build's smem adds the same-phase and realigned builds' class areas (the sizing build has none).
-  const size_t launch_smem = smem_of(layout);
+  const size_t launch_smem = smem_of(layout) + stage_bytes;
   allow_smem(kernel, launch_smem);
   if (row.cluster > 1 && kernel != sizing) fitting_clusters(kernel, row, launch_smem);
   // Who sums the dW / dB partials (launch_plan.h, row_sum_apart: by the rounds of rows of the

@@ -515,13 +515,15 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 // aligned build sums them (bench/NOTES.md v28: the backward at a view of x one element in, bf16
 // H = 4096, 0.97 of its add so, 1.06 in the one-phase realigned build); the forward's also serves
 // where the stage does not fit a block, and the narrow builds' aligned rows.
-enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3 };
+// kAlignedStaged (bench only, _tune_rows(stage_rows=True)): the aligned backward's rows of clusters, each
+// thread's packs copied into its own shared-memory stage (stage_copies) a row ahead.
+enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3, kAlignedStaged = 4 };
 
 // Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
 // realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
 // row). Such rows are one warp segment of one CTA: no cross-warp sum, no cluster.
 constexpr bool short_rows(int layout, bool whole_warps, bool grouped) {
-  return layout != kAligned && !whole_warps && !grouped;
+  return layout != kAligned && layout != kAlignedStaged && !whole_warps && !grouped;
 }
 
 // Same-phase rows (every tensor of a row starts at the same offset into its 16-byte chunk,
@@ -730,6 +732,47 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
 // raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the builds
 // that hold chunks, same-phase and realigned, write them with the chunk in `ext` instead). The other lanes hold zero, which adds
 // nothing to a sum. The same in every layout, so the bits stay the aligned row's.
+// A thread's stage (kAlignedStaged: CTAs of kStageThreads threads, rows of whole warps, so a lane's packs are
+// base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
+// reads and writes are consecutive and every slot's address a constant offset from the thread's first.
+// stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs);
+// `after`, a zero computed from the registers last read from the stage, orders the copies after those reads.
+// Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
+// to it): no barrier.
+constexpr int kStageThreads = 256;
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void stage_copies(Pack* stage, int t, const scalar_t* row, int packs, const RowLane& rl,
+                                             uint32_t after) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint64_t src = static_cast<uint64_t>(__cvta_generic_to_global(reinterpret_cast<const Pack*>(row) + rl.base));
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + t * kPacks * kStageThreads + int(threadIdx.x))) + after;
+  const int left = packs - rl.base;  // slot i is in the row: 32 i < left
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) {
+    // Past the row: no byte is read (src-size 0), the slot zero-filled.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + uint32_t(i * kStageThreads * 16)),
+                 "l"(src + uint64_t(i * 32 * 16)), "r"(32 * i < left ? 16 : 0)
+                 : "memory");
+  }
+#endif
+}
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Tensor t's slots of this thread, once its copies have landed (stage_wait).
+template <int kPacks>
+__device__ __forceinline__ void stage_read(Pack (&buf)[kPacks], const Pack* stage, int t) {
+#pragma unroll
+  for (int i = 0; i < kPacks; ++i) buf[i] = stage[(t * kPacks + i) * kStageThreads + int(threadIdx.x)];
+}
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 template <int kPacks>
 __device__ __forceinline__ bool row_has_extra(const RowLane& rl, int packs) {
   return packs > rl.G * kPacks;

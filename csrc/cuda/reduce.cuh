@@ -224,12 +224,31 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
         : "=r"(done) : "r"(bar), "r"(phase) : "memory");
   } while (!done);
   started.phases ^= 1u << parity;
+  // Lane l adds the slots of warps l, l + 32, ... in turn (each sum from zero), then the xor tree: four
+  // float sums a slot in one 16-byte read (buffer is 16-byte aligned: the slots start so, a parity's
+  // slots are warps * 16 bytes), in the same order as one sum at a time.
+  acc_t total[N];
+#pragma unroll
+  for (int k = 0; k < N; ++k) total[k] = acc_t(0);
+  if constexpr (N == 4 && sizeof(acc_t) == 4) {
+#pragma unroll 2  // unrolled further, ptxas spilled in the aligned backward
+    for (int w = lane; w < warps; w += 32) {
+      const float4 t = *reinterpret_cast<const float4*>(buffer + w * N);
+      total[0] += t.x;
+      total[1] += t.y;
+      total[2] += t.z;
+      total[3] += t.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      for (int w = lane; w < warps; w += 32) total[k] += buffer[w * N + k];
+    }
+  }
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    acc_t total = acc_t(0);
-    for (int w = lane; w < warps; w += 32) total += buffer[w * N + k];
-    for (int off = 16; off > 0; off /= 2) total += __shfl_xor_sync(0xffffffffu, total, off);
-    v[k] = total;
+    for (int off = 16; off > 0; off /= 2) total[k] += __shfl_xor_sync(0xffffffffu, total[k], off);
+    v[k] = total[k];
   }
 #else
   __trap();  // clusters are launched on sm_90 and later only (plan_for)
