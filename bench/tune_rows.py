@@ -19,14 +19,15 @@ puts on 16 then take the tiled kernels). ``--stagger N ...``: row grids started 
 quarters N clock cycles apart (a persistent grid all of it, a block per R rows its first wave;
 columns ``*-s<N>``; ``-s0``: never staggered). ``--policy N ...``: rows of clusters launched with
 cluster scheduling policy preference N (columns ``*-p<N>``: 0 the default, 1 spread, 2 load
-balancing; csrc/launch_plan.h, row_cluster_policy). ``--apart N ...``:
+balancing; csrc/launch_plan.h, row_cluster_policy). ``--stage N ...``: the fused backward's aligned rows
+of clusters staged a row ahead (1) or not (0) (columns ``*-st<N>``; csrc/launch_plan.h, row_staged). ``--apart N ...``:
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
 block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
-        [--stage]
+        [--stage N ...]
 """
 
 import argparse
@@ -89,9 +90,10 @@ def main() -> None:
                         help="also with the backward's partials summed by the last block (0) or apart (1): "
                         "columns b-a<N> (the grid that choice takes), bw1-a1 / bw0-a1 (persistent / a block per "
                         "R rows, apart)")
-    parser.add_argument("--stage", action="store_true",
-                        help="also the backward's aligned rows of clusters through shared-memory stages a row ahead "
-                        "(_tune_rows' stage_rows; column b-st / mb-st): the same bits as the table's")
+    parser.add_argument("--stage", type=int, nargs="*", default=[], choices=[0, 1],
+                        help="also with the fused backward's aligned rows of clusters staged a row ahead (1) or not "
+                        "(0) (_tune_rows' stage_rows; csrc/launch_plan.h, row_staged): columns mb-st<N>, the same "
+                        "bits as the table's")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -118,8 +120,8 @@ def main() -> None:
         if n > 0:
             bwd_variants[f"{b}w1-a{n}"] = {"grid_waves": 1, "sum_apart": n}
             bwd_variants[f"{b}w0-a{n}"] = {"grid_waves": 0, "sum_apart": n}
-    if args.stage:
-        bwd_variants[f"{b}-st"] = {"stage_rows": True}
+    for n in args.stage:
+        bwd_variants[f"{b}-st{n}"] = {"stage_rows": n}
     if args.persistent:
         fwd_variants[f"{f}w1"] = {"grid_waves": 1}
         for n in args.stagger:

@@ -38,7 +38,8 @@
 //                |                   | (12288, 16384: 2 x 96, 2 x 128)| (12288: 1.12 against 1.20)
 //                | 16384 < H         | row, a cluster of 2-16 CTAs:   | 65536: 1.14 on 8 x 128, 1.19 on 4 x
 //                |   <= 262144       | of <= 128 threads (up to 8) as | 256; 262144 on 16: 1.43 of an add,
-//                |                   | above, else of <= 256          | tiled 1.83; load-balanced 1.39 (v29)
+//                |                   | above, else of <= 256          | tiled 1.83; load-balanced 1.39 (v29);
+//                |                   |                                | slots read 4 at a time 1.20 (v32)
 //                | H > 262144        | tiled                          |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x  | rows past 128 threads on two CTAs
 //                | <= 262144, beyond | and mul; 4 (narrow) for rows of| of <= 128 where they hold no more
@@ -46,8 +47,10 @@
 //                |                   |                                | 1.09 on 1 x 256, v21), else one;
 //                |                   |                                | past 128 threads persistent; 3000:
 //                |                   |                                | 1.04 at 4 packs, 1.11 at 8 (v21)
-//   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout
-//                | <= 131072, beyond | grad_out and mul               |
+//   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout; rows of
+//                | <= 131072, beyond | grad_out and mul               | clusters on CTAs of 256 staged a row
+//                |                   |                                | ahead (row_staged; 131072: 1.11, 1.25
+//                |                   |                                | unstaged, v32)
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
@@ -177,7 +180,8 @@ struct RowTuning {
                      // kernel's last block, 1 by a kernel of their own
   int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
-  bool stage_rows;     // bench only: the aligned backward's rows of clusters through shared-memory stages a row ahead
+  int stage_rows;      // the fused backward's aligned rows of clusters staged a row ahead: -1 the table's (row_staged),
+                       // 0 never, 1 wherever the staged build serves
 };
 RowTuning row_tuning();
 
@@ -348,6 +352,7 @@ struct LaunchPlan {
   int packs;        // row kernels: packs per thread and tensor
   RowPlan row;
   TiledPlan tiled;
+  bool staged;      // row kernels: aligned rows staged a row ahead (row_staged)
 };
 
 // Packs the lanes of a row hold in their slots: the row's packs, but for rows not of whole packs
@@ -503,6 +508,21 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
   return {G, G >= kBlockThreads ? 1 : kBlockThreads / G};
 }
 
+// The fused backward's rows of clusters on CTAs of kRowStageThreads threads (2- and 4-byte dtypes) stage
+// their packs a row ahead when aligned (backward.cuh, kAlignedStaged): each thread copies its packs of x,
+// grad_out and mul into its own shared-memory stage (cp.async, 48 KB a CTA) and issues the next row's copies
+// as soon as this row's are back in registers, so the next row's bytes are in flight through this row's
+// sums, cluster exchange and stores. The same packs and sums: the same bits. Measured on an H200
+// (bench/NOTES.md v32, h200-2026-12-04d/call1, bf16 at M·H = 2^26, over an add plus a copy in one run): the
+// fused backward at 65536 (8 x 256) 1.108 -> 1.088, at 131072 (16 x 256) 1.251 -> 1.106. Not PolyNorm's
+// backward, two tensors of 8 packs (64 KB a CTA): at 131072 / 262144 1.123 / 1.198 -> 1.365 / 1.401 of an
+// add. `tuned` (_tune_rows' stage_rows): -1 the table's, 0 never, 1 every row the staged build serves.
+constexpr int kRowStageThreads = 256;
+inline bool row_staged(bool backward, bool mul, int elem_size, const RowPlan& row, int tuned = -1) {
+  const bool serves = backward && mul && elem_size <= 4 && row.cluster > 1 && row.threads == kRowStageThreads;
+  return serves && tuned != 0;
+}
+
 // The table above. `out_misaligned`: the output rows are not whole aligned packs; no choice
 // depends on it (both families write such rows themselves; tests/test_launch_plan.py pins it).
 // `clusters`: the device launches thread-block clusters (sm_90 and later). `forced` (a
@@ -519,6 +539,7 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
   } else {
     plan.kind = KernelKind::kRow;
   }
+  plan.staged = plan.kind == KernelKind::kRow && row_staged(backward, mul, elem_size, plan.row, row_tuning().stage_rows);
   return plan;
 }
 
@@ -527,7 +548,8 @@ inline std::string describe(const LaunchPlan& p) {
     case KernelKind::kRow:
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
              " packs=" + std::to_string(p.packs) + " cluster=" + std::to_string(p.row.cluster) +
-             (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "");
+             (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "") +
+             (p.staged ? " staged=1" : "");
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

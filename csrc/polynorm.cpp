@@ -193,7 +193,7 @@ std::atomic<bool> g_trim_packs{true};
 std::atomic<int> g_stagger{-1};
 std::atomic<int> g_sum_apart{-1};
 std::atomic<int> g_cluster_policy{-1};
-std::atomic<bool> g_stage_rows{false};
+std::atomic<int> g_stage_rows{-1};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
@@ -204,11 +204,12 @@ std::atomic<bool> g_stage_rows{false};
 // the clock cycles between the quarters of a row grid's first wave (-1 = the table's; launch.cuh, row_stagger),
 // who sums the backward's dW / dB partials (-1 = the table's, 0 the row kernel's last block, 1 a kernel of their
 // own; launch_plan.h, row_sum_apart), and the cluster scheduling policy preference of rows of clusters (-1 = the
-// table's, 0 the default, 1 spread, 2 load balancing; launch_plan.h, row_cluster_policy), and (bench only)
-// whether the aligned backward's rows of clusters come through shared-memory stages a row ahead.
+// table's, 0 the default, 1 spread, 2 load balancing; launch_plan.h, row_cluster_policy), and whether the fused
+// backward's aligned rows of clusters are staged a row ahead (-1 = the table's, 0 never, 1 wherever the staged
+// build serves; launch_plan.h, row_staged).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs,
-               int64_t stagger, int64_t sum_apart, int64_t cluster_policy, bool stage_rows) {
+               int64_t stagger, int64_t sum_apart, int64_t cluster_policy, int64_t stage_rows) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -223,6 +224,8 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
                     num(sum_apart));
   TORCH_CHECK_VALUE(cluster_policy >= -1 && cluster_policy <= 2,
                     "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got ", num(cluster_policy));
+  TORCH_CHECK_VALUE(stage_rows >= -1 && stage_rows <= 1, "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got ",
+                    num(stage_rows));
   // Every check before any store: a rejected call changes nothing.
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
@@ -232,7 +235,7 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   g_stagger.store(static_cast<int>(stagger));
   g_sum_apart.store(static_cast<int>(sum_apart));
   g_cluster_policy.store(static_cast<int>(cluster_policy));
-  g_stage_rows.store(stage_rows);
+  g_stage_rows.store(static_cast<int>(stage_rows));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." (and, for rows of
@@ -332,7 +335,7 @@ TORCH_LIBRARY(polynorm, m) {
   // Bench and test hooks for the CUDA launch plan (csrc/launch_plan.h); no tensors.
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, "
-        "bool trim_packs=True, int stagger=-1, int sum_apart=-1, int cluster_policy=-1, bool stage_rows=False) -> ()",
+        "bool trim_packs=True, int stagger=-1, int sum_apart=-1, int cluster_policy=-1, int stage_rows=-1) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

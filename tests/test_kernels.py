@@ -367,6 +367,40 @@ def test_param_grads_summed_apart(op, H, M, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("H,M,dtype", [(131072, 32, torch.bfloat16), (65536, 96, torch.float16),
+                                       (32768, 128, torch.float32)])
+def test_staged_rows_change_no_bit(H, M, dtype):
+    # The fused backward's aligned rows of clusters on CTAs of 256 are staged a row ahead
+    # (csrc/launch_plan.h, row_staged: on an H200, 16 x 256 at bf16 131072, 8 x 256 at fp16 65536 and fp32
+    # 32768). Each cluster of the persistent grid walks several of these M rows, so the next row's copies
+    # are issued and read back. The staged rows hold the same packs and sums as the unstaged build
+    # (_tune_rows(stage_rows=0)): every output of the backward (poisoned first) is the same bits, and
+    # the table's meets the float64 oracle through autograd.
+    x, g, w, b, mul = _cuda_rows("staged", "poly_norm_mul", M, H, dtype)
+    ops = torch.ops.polynorm
+    if torch.cuda.get_device_capability() >= (9, 0):  # a device that launches clusters
+        assert "staged=1" in ops._launch_plan("mul_backward", H, dtype), ops._launch_plan("mul_backward", H, dtype)
+    rstd = ops.mul_forward(x, mul, w, b, 1e-6)[1]
+
+    def backward():
+        with poisoned_outputs():
+            return ops.mul_backward(g, x, mul, w, b, rstd)
+
+    table = backward()
+    try:
+        ops._tune_rows(stage_rows=0)
+        assert "staged" not in ops._launch_plan("mul_backward", H, dtype)
+        unstaged = backward()
+    finally:
+        ops._tune_rows()
+    for k, (want, got) in enumerate(zip(unstaged, table)):
+        assert torch.equal(want, got), f"output {k}: the staged rows' bits differ from the unstaged build's"
+    _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} staged")
+    del x, g, mul, table, unstaged
+    torch.cuda.empty_cache()
+
+
+@requires_cuda
 @pytest.mark.parametrize("M,H", [(512, 4096), (64, 65536)])
 @pytest.mark.parametrize("apart", [0, 1])
 def test_cuda_graph_capture_of_either_param_sum(apart, M, H):

@@ -511,6 +511,35 @@ def test_clusters_of_16_take_load_balancing():
     assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == 2
 
 
+def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
+    # csrc/launch_plan.h, row_staged: the fused backward's rows of clusters on CTAs of 256 threads, in 2-
+    # and 4-byte dtypes, are staged a row ahead ("staged=1"); no other row is. H over every op's cluster
+    # range, every dtype: the choice follows the op, the dtype's size and the row's geometry alone.
+    # _tune_rows(stage_rows=0) stages none; 1 (or the table's, -1) the same rows.
+    tune = torch.ops.polynorm._tune_rows
+    sizes = [2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)] + [3 * 2**k for k in range(9, 18)]
+    staged = set()
+    for op in OPS:
+        for dtype in FLOAT_DTYPES:
+            for H in sizes:
+                text = plan(op, H, dtype)
+                f = fields(text)
+                want = (op == "mul_backward" and elem_size(dtype) <= 4 and text.startswith("row ")
+                        and f["cluster"] > 1 and f["threads"] == 256)
+                assert ("staged=1" in text) == want, (op, dtype, H, text)
+                if want:
+                    staged.add((dtype, H))
+                    assert plan(op, H, dtype, clusters=False).find("staged") < 0  # no clusters: none
+    assert (torch.bfloat16, 131072) in staged and (torch.float32, 32768) in staged, staged
+    try:
+        tune(stage_rows=0)
+        assert all("staged" not in plan("mul_backward", H, dtype) for dtype, H in staged)
+        tune(stage_rows=1)
+        assert all("staged=1" in plan("mul_backward", H, dtype) for dtype, H in staged)
+    finally:
+        tune()
+
+
 def test_tune_rows_splits_rows_never_changes_packs():
     tune = torch.ops.polynorm._tune_rows
     default = {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS}
@@ -551,6 +580,8 @@ TUNE_ROWS_ERRORS = [
     ((-1, True, 0, 0, True, -1, -2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got -2"),
     ((-1, True, 0, 0, True, -1, -1, 3), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got 3"),
     ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
+    ((-1, True, 0, 0, True, -1, -1, -1, 2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got 2"),
+    ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got -2"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

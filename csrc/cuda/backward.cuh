@@ -346,10 +346,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   __shared__ __align__(16) acc_t red[2][kRowMaxThreads / 32][4];
   __shared__ acc_t group_part[kRowMinThreads][4];  // R <= kRowMinThreads
   // Dynamic: the same-phase and realigned builds' class areas (a warp's: bwd_class_area_bytes, class_sums),
-  // then, C > 1, the cluster slots ([2][C G / 32][4]).
+  // then, C > 1, the cluster slots ([2][C G / 32][4]), then the staged build's stages.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
-  // kAlignedStaged: the aligned build, its rows' packs through the threads' stages a row ahead (stage_copies).
+  // kAlignedStaged: the aligned build, its rows' packs through the threads' stages a row ahead (stage_copies;
+  // launch_plan.h, row_staged): rows of clusters (R = 1, whole warps) on CTAs of kStageThreads.
   constexpr bool kStaged = kBuild == kAlignedStaged;
+  static_assert(!kStaged || (kMaxThreads == kStageThreads && kStageThreads == kRowStageThreads && !kGrouped),
+                "the staged build: CTAs of kRowStageThreads, not grouped");
   constexpr int kLayout = kStaged ? int(kAligned) : kBuild;
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   // The rows as chunks, summed in the class order through the class areas (class_sums): the
@@ -399,7 +402,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   __shared__ __align__(8) uint64_t cluster_bars[2];  // C > 1: cluster_row_reduce's mbarriers
   if constexpr (!kGrouped) stagger_start(cluster_id, stagger);
   ClusterStart started(C, cluster_bars);  // C > 1: arrived; waited on before the first store into a peer
-  // kStaged (rows of clusters, R = 1): the stage after the cluster slots, [kMul ? 3 : 2][kPacks][blockDim.x] packs.
+  // kStaged (rows of clusters, R = 1): the stages after the cluster slots, [kMul ? 3 : 2][kPacks][kStageThreads] packs.
   Pack* stage = reinterpret_cast<Pack*>(cluster_slots + 2 * (rl.G / 32) * 4 * sizeof(acc_t));
   const int row_packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
   const auto stage_row = [&](int64_t at, uint32_t after) {

@@ -589,13 +589,16 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   auto kernel = build(layout);
   TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward row block's ", num(smem_of(layout)),
                         " bytes of shared memory do not fit");
-  // Bench only (_tune_rows(stage_rows=True)): the aligned rows of clusters through the threads' stages
-  // (backward.cuh, kAlignedStaged), the table's packs; the same bits.
+  // The fused op's aligned rows of clusters staged a row ahead (launch_plan.h, row_staged; backward.cuh,
+  // kAlignedStaged): the same packs and sums, so the same bits; a misaligned view of such rows takes its
+  // realigning build as before.
   size_t stage_bytes = 0;
-  if constexpr (kPacks == (kMul ? kRowMulBwdPacks : kRowBwdPacks) && sizeof(scalar_t) <= 4) {
-    if (row_tuning().stage_rows && layout == kAligned && row.cluster > 1 && row.threads == kStageThreads && !grouped) {
-      kernel = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAlignedStaged, 256, kMul, false, false>;
-      stage_bytes = size_t(kMul ? 3 : 2) * kPacks * row.threads * sizeof(Pack);
+  if constexpr (kMul && kPacks == kRowMulBwdPacks && sizeof(scalar_t) <= 4) {
+    if (lp.staged && layout == kAligned) {
+      TORCH_INTERNAL_ASSERT(row.cluster > 1 && row.threads == kStageThreads, "polynorm: a staged row of ",
+                            num(row.cluster), " x ", num(row.threads), " threads");
+      kernel = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAlignedStaged, kStageThreads, kMul, false, false>;
+      stage_bytes = size_t(3) * kPacks * kStageThreads * sizeof(Pack);
     }
   }
   // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one of

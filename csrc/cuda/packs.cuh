@@ -515,8 +515,8 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 // aligned build sums them (bench/NOTES.md v28: the backward at a view of x one element in, bf16
 // H = 4096, 0.97 of its add so, 1.06 in the one-phase realigned build); the forward's also serves
 // where the stage does not fit a block, and the narrow builds' aligned rows.
-// kAlignedStaged (bench only, _tune_rows(stage_rows=True)): the aligned backward's rows of clusters, each
-// thread's packs copied into its own shared-memory stage (stage_copies) a row ahead.
+// kAlignedStaged: the fused backward's aligned rows of clusters, each thread's packs copied into its own
+// shared-memory stage (stage_copies) a row ahead (launch_plan.h, row_staged).
 enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3, kAlignedStaged = 4 };
 
 // Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
@@ -732,14 +732,14 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
 // raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the builds
 // that hold chunks, same-phase and realigned, write them with the chunk in `ext` instead). The other lanes hold zero, which adds
 // nothing to a sum. The same in every layout, so the bits stay the aligned row's.
-// A thread's stage (kAlignedStaged: CTAs of kStageThreads threads, rows of whole warps, so a lane's packs are
+// A thread's stage (kAlignedStaged: CTAs of kStageThreads (launch_plan.h's kRowStageThreads) threads, rows of whole warps, so a lane's packs are
 // base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
 // reads and writes are consecutive and every slot's address a constant offset from the thread's first.
 // stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs);
 // `after`, a zero computed from the registers last read from the stage, orders the copies after those reads.
 // Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
 // to it): no barrier.
-constexpr int kStageThreads = 256;
+constexpr int kStageThreads = 256;  // = kRowStageThreads (launch_plan.h; static_assert in backward.cuh)
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ void stage_copies(Pack* stage, int t, const scalar_t* row, int packs, const RowLane& rl,
                                              uint32_t after) {
