@@ -178,9 +178,11 @@ bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int
          (a_stride * size) % 16 == (b_stride * size) % 16;
 }
 
-// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums].
+// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums] (three float
+// sums padded to four: one 16-byte read a slot).
 size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
-  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
+  const int width = sums == 3 && acc_size == 4 ? 4 : sums;
+  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * width * acc_size : 0;
 }
 
 // A forward row launch's dynamic shared memory: the same-phase and realigned builds' stage areas
