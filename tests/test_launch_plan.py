@@ -513,11 +513,13 @@ def test_clusters_of_16_take_load_balancing():
 
 def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
     # csrc/launch_plan.h, row_staged: the fused backward's rows of clusters on CTAs of 256 threads, in 2-
-    # and 4-byte dtypes, are staged a row ahead ("staged=1"); no other row is. H over every op's cluster
-    # range, every dtype: the choice follows the op, the dtype's size and the row's geometry alone.
+    # and 4-byte dtypes, whose every slot is in the row, are staged a row ahead ("staged=1"); no other row
+    # is. H over every op's cluster range (122880 bf16: 16 x 256 threads, 3840 lanes of 4096 at work),
+    # every dtype: the choice follows the op, the dtype's size and the row's geometry alone.
     # _tune_rows(stage_rows=0) stages none; 1 (or the table's, -1) the same rows.
     tune = torch.ops.polynorm._tune_rows
-    sizes = [2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)] + [3 * 2**k for k in range(9, 18)]
+    sizes = ([2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)] + [3 * 2**k for k in range(9, 18)]
+             + [122880])
     staged = set()
     for op in OPS:
         for dtype in FLOAT_DTYPES:
@@ -525,12 +527,15 @@ def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
                 text = plan(op, H, dtype)
                 f = fields(text)
                 want = (op == "mul_backward" and elem_size(dtype) <= 4 and text.startswith("row ")
-                        and f["cluster"] > 1 and f["threads"] == 256)
+                        and f["cluster"] > 1 and f["threads"] == 256
+                        and f["G"] * f["cluster"] * f["packs"] == slot_packs(dtype, H))
                 assert ("staged=1" in text) == want, (op, dtype, H, text)
                 if want:
                     staged.add((dtype, H))
                     assert plan(op, H, dtype, clusters=False).find("staged") < 0  # no clusters: none
     assert (torch.bfloat16, 131072) in staged and (torch.float32, 32768) in staged, staged
+    text = plan("mul_backward", 122880, torch.bfloat16)  # every slot not in the row: not staged
+    assert fields(text)["threads"] == 256 and "staged" not in text, text
     try:
         tune(stage_rows=0)
         assert all("staged" not in plan("mul_backward", H, dtype) for dtype, H in staged)

@@ -178,11 +178,9 @@ bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int
          (a_stride * size) % 16 == (b_stride * size) % 16;
 }
 
-// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums] (three float
-// sums padded to four: one 16-byte read a slot).
+// Dynamic shared memory of a row launch: cluster_row_reduce's slots, [2][C G / 32][sums].
 size_t cluster_slot_bytes(const RowPlan& plan, int sums, size_t acc_size) {
-  const int width = sums == 3 && acc_size == 4 ? 4 : sums;
-  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * width * acc_size : 0;
+  return plan.cluster > 1 ? 2 * size_t(plan.cluster) * (plan.G / 32) * sums * acc_size : 0;
 }
 
 // A forward row launch's dynamic shared memory: the same-phase and realigned builds' stage areas
@@ -597,8 +595,10 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   size_t stage_bytes = 0;
   if constexpr (kMul && kPacks == kRowMulBwdPacks && sizeof(scalar_t) <= 4) {
     if (lp.staged && layout == kAligned) {
-      TORCH_INTERNAL_ASSERT(row.cluster > 1 && row.threads == kStageThreads, "polynorm: a staged row of ",
-                            num(row.cluster), " x ", num(row.threads), " threads");
+      TORCH_INTERNAL_ASSERT(row.cluster > 1 && row.threads == kStageThreads &&
+                                int64_t(row.G) * row.cluster * kPacks == slot_packs(H, sizeof(scalar_t)),
+                            "polynorm: a staged row of ", num(row.cluster), " x ", num(row.threads), " threads for H = ",
+                            num(H));
       kernel = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAlignedStaged, kStageThreads, kMul, false, false>;
       stage_bytes = size_t(3) * kPacks * kStageThreads * sizeof(Pack);
     }

@@ -727,15 +727,11 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
   }
 }
 
-// A row one element past the packs its lanes hold (launch_plan.h, slot_packs; rows not of whole
-// packs, so the realigning builds only): the row's last lane holds that element, at H - 1, as a
-// raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the builds
-// that hold chunks, same-phase and realigned, write them with the chunk in `ext` instead). The other lanes hold zero, which adds
-// nothing to a sum. The same in every layout, so the bits stay the aligned row's.
 // A thread's stage (kAlignedStaged: CTAs of kStageThreads (launch_plan.h's kRowStageThreads) threads, rows of whole warps, so a lane's packs are
 // base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
 // reads and writes are consecutive and every slot's address a constant offset from the thread's first.
-// stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs);
+// stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs:
+// the table stages only rows whose every slot is in the row, launch_plan.h row_staged, so that is defensive);
 // `after`, a zero computed from the registers last read from the stage, orders the copies after those reads.
 // Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
 // to it): no barrier.
@@ -773,6 +769,11 @@ __device__ __forceinline__ void stage_wait() {
 #endif
 }
 
+// A row one element past the packs its lanes hold (launch_plan.h, slot_packs; rows not of whole
+// packs, so the realigning builds only): the row's last lane holds that element, at H - 1, as a
+// raw scalar (`holds`), adds it to its sums after its packs, and writes its outputs (the builds
+// that hold chunks, same-phase and realigned, write them with the chunk in `ext` instead). The other lanes hold zero, which adds
+// nothing to a sum. The same in every layout, so the bits stay the aligned row's.
 template <int kPacks>
 __device__ __forceinline__ bool row_has_extra(const RowLane& rl, int packs) {
   return packs > rl.G * kPacks;

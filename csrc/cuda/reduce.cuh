@@ -171,8 +171,7 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 
 // Sums N values over a row held by a cluster of C CTAs of G threads each (G a multiple of
 // 32); every lane gets the total. Each warp's total goes to its slot (the row's warp index,
-// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N, or 4 for N = 3 float
-// sums]): thread 0 arms
+// rl.lane / 32) in every CTA's `slots` (dynamic shared memory, [2][C G / 32][N]): thread 0 arms
 // its CTA's mbarrier of the row's parity for the row's slot bytes (arrive.expect_tx), lanes
 // 0..C-1 store into peer `lane` by st.async, each store completing its bytes on that peer's
 // mbarrier, and every thread waits on its own CTA's mbarrier only (no CTA waits for all of a
@@ -183,8 +182,7 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // letter pairs st.async's cluster-scope release with an acquire whose scope includes the peer. At cluster scope
 // (`.acquire.cluster`) ptxas invalidated the whole L1 after every wait (CCTL.IVALL: 11% of the
 // 131072 backward's stall samples, bench/NOTES.md v16). Then every lane adds all
-// C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree (a slot of N sums;
-// three float sums padded to four). The tree
+// C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
 // depends only on C G. Double-buffered by row parity: a peer writes slots of parity p again only
 // after its wait on the next row, which needs this CTA's stores of that row, which each warp
 // makes after it has read the slots of p. Before its first store into a peer, a CTA waits once
@@ -199,10 +197,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
     for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
   }
   const int warps = rl.G / 32;
-  // A warp's slot: N sums, padded to four for three float sums (the forward's), so that one 16-byte
-  // read takes a slot (launch.cuh, cluster_slot_bytes, sizes them so).
-  constexpr int kSlot = N == 3 && sizeof(acc_t) == 4 ? 4 : N;
-  acc_t* buffer = slots + parity * warps * kSlot;
+  acc_t* buffer = slots + parity * warps * N;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint32_t bar = static_cast<uint32_t>(__cvta_generic_to_shared(started.bars + parity));
   if (threadIdx.x == 0) {
@@ -215,7 +210,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   // again: the shuffle tree orders them by data alone; this makes it an ordering of the warp.
   __syncwarp();
   if (lane < C) {
-    const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * kSlot));
+    const uint32_t slot = static_cast<uint32_t>(__cvta_generic_to_shared(buffer + (rl.lane / 32) * N));
     const uint32_t peer_slot = peer_address(slot, lane), peer_bar = peer_address(bar, lane);
 #pragma unroll
     for (int k = 0; k < N; ++k) store_async(peer_slot + k * uint32_t(sizeof(acc_t)), v[k], peer_bar);
@@ -229,22 +224,23 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
         : "=r"(done) : "r"(bar), "r"(phase) : "memory");
   } while (!done);
   started.phases ^= 1u << parity;
-  // Lane l adds the slots of warps l, l + 32, ... in turn (each sum from zero), then the xor tree: a
-  // slot of float sums in one 16-byte read (buffer is 16-byte aligned: the slots start so, a parity's
+  // Lane l adds the slots of warps l, l + 32, ... in turn (each sum from zero), then the xor tree: four
+  // float sums a slot in one 16-byte read (buffer is 16-byte aligned: the slots start so, a parity's
   // slots are warps * 16 bytes), in the same order as one sum at a time. Measured on an H200 against
   // one sum at a time (bench/NOTES.md v32, bf16 at M·H = 2^26): PolyNorm's backward at 131072 / 262144
-  // 1.22 / 1.39 -> 1.12 / 1.20 of an add, the fused backward at 131072 1.40 -> 1.25.
+  // 1.22 / 1.39 -> 1.12 / 1.20 of an add, the fused backward at 131072 1.40 -> 1.25. The forward's three
+  // sums padded to four slots and read so (v32, call 4) changed nothing measurable: not kept.
   acc_t total[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) total[k] = acc_t(0);
-  if constexpr (kSlot == 4 && sizeof(acc_t) == 4) {
+  if constexpr (N == 4 && sizeof(acc_t) == 4) {
 #pragma unroll 2  // unrolled further, ptxas spilled in the aligned backward
     for (int w = lane; w < warps; w += 32) {
-      const float4 t = *reinterpret_cast<const float4*>(buffer + w * kSlot);
+      const float4 t = *reinterpret_cast<const float4*>(buffer + w * N);
       total[0] += t.x;
       total[1] += t.y;
       total[2] += t.z;
-      if constexpr (N == 4) total[N - 1] += t.w;
+      total[3] += t.w;
     }
   } else {
 #pragma unroll
