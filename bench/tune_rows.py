@@ -92,8 +92,9 @@ def main() -> None:
                         "R rows, apart)")
     parser.add_argument("--stage", type=int, nargs="*", default=[], choices=[0, 1],
                         help="also with the fused backward's aligned rows of clusters staged a row ahead (1) or not "
-                        "(0) (_tune_rows' stage_rows; csrc/launch_plan.h, row_staged): columns mb-st<N>, the same "
-                        "bits as the table's")
+                        "(0) (_tune_rows' stage_rows; csrc/launch_plan.h, row_staged): columns mb-st<N> with --op "
+                        "poly_norm_mul (PolyNorm's backward is never staged: its b-st<N> columns are the table's), the "
+                        "same bits as the table's")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"

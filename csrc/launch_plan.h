@@ -512,8 +512,9 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 // their packs a row ahead when aligned (backward.cuh, kAlignedStaged): each thread copies its packs of x,
 // grad_out and mul into its own shared-memory stage (cp.async, 48 KB a CTA) and issues the next row's copies
 // as soon as this row's are back in registers, so the next row's bytes are in flight through this row's
-// sums, cluster exchange and stores. The same packs and sums: the same bits. Only rows whose every slot is in
-// the row (the rows measured and tested; H = 65536 and 131072 in 2-byte dtypes, 32768 and 65536 in fp32).
+// sums, cluster exchange and stores. The same packs and sums: the same bits. Only rows of whole packs whose every
+// slot is in the row (the rows measured and tested; H = 65536 and 131072 in 2-byte dtypes, 32768 and 65536 in
+// fp32; odd rows are never aligned, so they never took it).
 // Measured on an H200 (bench/NOTES.md v32, h200-2026-12-04d/call3/tune_mul.log, M·H = 2^26, over an add plus a
 // copy, staged against unstaged in one run): bf16 65536 (8 x 256) 1.066 / 1.105, 131072 (16 x 256) 1.107 /
 // 1.257; fp16 1.087 / 1.090, 1.100 / 1.161; fp32 32768 (8 x 256) 1.063 / 1.044, 65536 (16 x 256) 1.073 /
@@ -523,7 +524,7 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 constexpr int kRowStageThreads = 256;
 inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int packs, const RowPlan& row,
                        int tuned = -1) {
-  const bool full = int64_t(row.G) * row.cluster * packs == slot_packs(H, elem_size);
+  const bool full = whole_packs(H, elem_size) && int64_t(row.G) * row.cluster * packs == slot_packs(H, elem_size);
   const bool serves =
       backward && mul && elem_size <= 4 && row.cluster > 1 && row.threads == kRowStageThreads && full;
   return serves && tuned != 0;

@@ -512,9 +512,9 @@ def test_clusters_of_16_take_load_balancing():
 
 
 def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
-    # csrc/launch_plan.h, row_staged: the fused backward's rows of clusters on CTAs of 256 threads, in 2-
-    # and 4-byte dtypes, whose every slot is in the row, are staged a row ahead ("staged=1"); no other row
-    # is. H over every op's cluster range (122880 bf16: 16 x 256 threads, 3840 lanes of 4096 at work),
+    # csrc/launch_plan.h, row_staged: the fused backward's rows of whole packs on clusters of CTAs of 256
+    # threads, in 2- and 4-byte dtypes, whose every slot is in the row, are staged a row ahead ("staged=1");
+    # no other row is (odd rows, 65537 among the sizes, never). H over every op's cluster range (122880 bf16: 16 x 256 threads, 3840 lanes of 4096 at work),
     # every dtype: the choice follows the op, the dtype's size and the row's geometry alone.
     # _tune_rows(stage_rows=0) stages none; 1 (or the table's, -1) the same rows.
     tune = torch.ops.polynorm._tune_rows
@@ -528,7 +528,7 @@ def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
                 f = fields(text)
                 want = (op == "mul_backward" and elem_size(dtype) <= 4 and text.startswith("row ")
                         and f["cluster"] > 1 and f["threads"] == 256
-                        and f["G"] * f["cluster"] * f["packs"] == slot_packs(dtype, H))
+                        and H * elem_size(dtype) % 16 == 0 and f["G"] * f["cluster"] * f["packs"] == slot_packs(dtype, H))
                 assert ("staged=1" in text) == want, (op, dtype, H, text)
                 if want:
                     staged.add((dtype, H))
