@@ -404,11 +404,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   ClusterStart started(C, cluster_bars);  // C > 1: arrived; waited on before the first store into a peer
   // kStaged (rows of clusters, R = 1): the stages after the cluster slots, [kMul ? 3 : 2][kPacks][kStageThreads] packs.
   Pack* stage = reinterpret_cast<Pack*>(cluster_slots + 2 * (rl.G / 32) * 4 * sizeof(acc_t));
-  const int row_packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
+  const int staged_packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
   const auto stage_row = [&](int64_t at, uint32_t after) {
-    stage_copies<scalar_t, kPacks>(stage, 0, x + at * x_row_stride, row_packs, rl, after);
-    stage_copies<scalar_t, kPacks>(stage, 1, grad_y + at * g_row_stride, row_packs, rl, after);
-    if constexpr (kMul) stage_copies<scalar_t, kPacks>(stage, 2, mul.mul + at * mul.row_stride, row_packs, rl, after);
+    stage_copies<scalar_t, kPacks>(stage, 0, x + at * x_row_stride, staged_packs, rl, after);
+    stage_copies<scalar_t, kPacks>(stage, 1, grad_y + at * g_row_stride, staged_packs, rl, after);
+    if constexpr (kMul) stage_copies<scalar_t, kPacks>(stage, 2, mul.mul + at * mul.row_stride, staged_packs, rl, after);
     stage_commit();
   };
   if constexpr (kStaged) {
