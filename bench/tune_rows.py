@@ -23,11 +23,13 @@ balancing; csrc/launch_plan.h, row_cluster_policy). ``--stage N ...``: the fused
 of clusters staged a row ahead (1) or not (0) (columns ``*-st<N>``; csrc/launch_plan.h, row_staged). ``--apart N ...``:
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
-block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart).
+block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart). ``--no-tail``: the fused
+backward's odd rows on the plans of before the thirtieth session, a slot for their partial pack, not fewer lanes
+and the elements past their whole packs on the last lane (columns ``*-t0``; csrc/launch_plan.h, row_tail_plan).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
-        [--stage N ...]
+        [--stage N ...] [--no-tail]
 """
 
 import argparse
@@ -95,6 +97,9 @@ def main() -> None:
                         "(0) (_tune_rows' stage_rows; csrc/launch_plan.h, row_staged): columns mb-st<N> with --op "
                         "poly_norm_mul (PolyNorm's backward is never staged: its b-st<N> columns are the table's), the "
                         "same bits as the table's")
+    parser.add_argument("--no-tail", action="store_true",
+                        help="also the fused backward's odd rows without their tail plans (_tune_rows' tail_rows=False; "
+                        "csrc/launch_plan.h, row_tail_plan): columns *-t0 (the forward's are the table's)")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     fused = args.op == "poly_norm_mul"
@@ -106,7 +111,8 @@ def main() -> None:
         fwd_variants[f"{'mf' if fused else 'f'}-c{cta}"] = {"cta_threads": cta}
         bwd_variants[f"{'mb' if fused else 'b'}-c{cta}"] = {"cta_threads": cta}
     f, b = ("mf", "mb") if fused else ("f", "b")
-    extra = ({"nt": {"trim_packs": False}} if args.no_trim else {}) | ({"k8": {"max_cluster": 8}} if args.cluster8 else {})
+    extra = (({"nt": {"trim_packs": False}} if args.no_trim else {}) | ({"k8": {"max_cluster": 8}} if args.cluster8 else {})
+             | ({"t0": {"tail_rows": False}} if args.no_tail else {}))
     for name, kw in extra.items():
         fwd_variants[f"{f}-{name}"] = kw
         bwd_variants[f"{b}-{name}"] = kw
@@ -178,7 +184,7 @@ def main() -> None:
                     grads = backward()
                     if ref is None:
                         ref = grads
-                    elif {"cta_threads", "max_cluster", "trim_packs"} & set(kw):  # another split: another tree
+                    elif {"cta_threads", "max_cluster", "trim_packs", "tail_rows"} & set(kw):  # another split: another tree
                         for got, exp in zip(grads, ref):
                             rel = float((got.float() - exp.float()).abs().max() / exp.float().abs().max().clamp_min(1e-30))
                             err = max(err, rel / torch.finfo(exp.dtype).eps)

@@ -63,7 +63,9 @@
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
 // extra chunk is held apart (the last lane's `ext`), and so is a last element past whole packs,
 // so odd rows reach the same bounds plus an element (bf16 backward: H = 16385 on the plan of
-// 16384; H = 4097 forward on 64 threads, not 96).
+// 16384; H = 4097 forward on 64 threads, not 96). The fused backward's odd rows hold up to a pack's
+// elements apart (its tail builds) where that takes fewer lanes (row_tail_plan: bf16 5125 on one CTA
+// of 160 threads, not two of 96).
 
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: H = 5125 bf16 forward takes 96, 16387 takes 288); blocks of 128 / G
@@ -182,6 +184,8 @@ struct RowTuning {
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
   int stage_rows;      // the fused backward's aligned rows of clusters staged a row ahead: -1 the table's (row_staged),
                        // 0 never, 1 wherever the staged build serves
+  bool tail_rows;      // the fused backward's odd rows on fewer lanes with a wide tail where that serves (row_tail_plan);
+                       // false: never (the plans of before the thirtieth session), a bench's A/B
 };
 RowTuning row_tuning();
 
@@ -353,6 +357,8 @@ struct LaunchPlan {
   RowPlan row;
   TiledPlan tiled;
   bool staged;      // row kernels: aligned rows staged a row ahead (row_staged)
+  int tail;         // row kernels: the elements past the lanes' slots held apart by the row's last lane, where
+                    // more than one (row_tail_plan: the tail builds); else 0
 };
 
 // Packs the lanes of a row hold in their slots: the row's packs, but for rows not of whole packs
@@ -399,10 +405,11 @@ inline RowPlan row_plan_one_tier(int64_t need, int split, int cta_threads, int m
 // most kRowSmallCtaThreads threads each, where there are such CTAs and they hold no more threads
 // than the one-tier plan (bf16 backward H = 9000, 141 threads: one CTA of 160, not two of 96:
 // 1.16 of an add against 1.35, bench/NOTES.md v16).
+// `whole_slots`: the row's whole packs in slots, the rest apart (row_tail_plan), not slot_packs.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split = kRowMaxThreads,
                         int cta_threads = kRowMaxThreads, int max_cluster = 1, int max_threads = kRowMaxThreads,
-                        int small_split = kRowMaxThreads, int small_cluster = 0) {
-  const int64_t packs = slot_packs(H, elem_size);
+                        int small_split = kRowMaxThreads, int small_cluster = 0, bool whole_slots = false) {
+  const int64_t packs = whole_slots ? H * elem_size / 16 : slot_packs(H, elem_size);
   const int64_t need = (packs + packs_per_thread - 1) / packs_per_thread;
   const RowPlan plan = row_plan_one_tier(need, split, cta_threads, max_cluster, max_threads);
   if (row_lanes(need) <= small_split || max_cluster <= 1) return plan;
@@ -440,12 +447,13 @@ inline int row_small_cluster(bool backward) {
 
 // The row plan of one launch: the table's (or the tuning's) split, CTA size and cluster cap;
 // the wide builds' CTAs hold at most kRowWideThreads threads (so do their rows without clusters).
-inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters) {
+inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, int packs_per_thread, bool clusters,
+                            bool whole_slots = false) {
   const int cap = wide_build(backward, mul, packs_per_thread) ? kRowWideThreads : kRowMaxThreads;
   const int split = std::min(row_split_threads(backward), cap);
   return row_plan(H, elem_size, packs_per_thread, split, std::min(row_cta_threads(), cap), row_max_cluster(clusters),
                   cap, backward ? kRowBwdSmallSplit : mul ? std::min(split, kRowMulFwdSmallSplit) : split,
-                  row_small_cluster(backward));
+                  row_small_cluster(backward), whole_slots);
 }
 
 // Packs a thread of the row kernels for one op and row: the wide builds' count, but rows not
@@ -530,6 +538,24 @@ inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int pa
   return serves && tuned != 0;
 }
 
+// The fused backward's odd rows (2- and 4-byte dtypes) hold only their whole packs in slots, and the 2 to
+// kVec - 1 elements past them apart on the row's last lane (its tail: packs.cuh row_tail; the builds
+// kSamePhaseTail and kRealignedTail), where that takes fewer lanes than the slot_packs plan, a slot for their
+// partial pack, and still whole warps on CTAs of at most 256 threads: bf16 5125 (640 packs and 5 elements)
+// takes one CTA of 160 threads, not two of 96 in a cluster (161 lanes of 4 packs); 4103 (512 and 7) 128, not
+// 160. Rows one element past whole packs keep their plan (their tail is slot_packs' one element). Returns the
+// tail's elements, 0 where the rule does not serve; `row` then becomes the tail plan.
+// `tuned` (_tune_rows' tail_rows): false, never (the plans of before).
+inline int row_tail_plan(bool backward, bool mul, int64_t H, int elem_size, int packs, bool clusters, RowPlan& row,
+                         bool tuned = true) {
+  if (!tuned || !backward || !mul || elem_size > 4 || whole_packs(H, elem_size) || !row.ok) return 0;
+  const RowPlan t = row_plan_for(backward, mul, H, elem_size, packs, clusters, true);
+  const int64_t lanes = int64_t(t.G) * t.cluster;
+  if (!t.ok || t.threads > kRowWideThreads || lanes < 32 || lanes >= int64_t(row.G) * row.cluster) return 0;
+  row = t;
+  return static_cast<int>(H - lanes * packs * (16 / elem_size));
+}
+
 // The table above. `out_misaligned`: the output rows are not whole aligned packs; no choice
 // depends on it (both families write such rows themselves; tests/test_launch_plan.py pins it).
 // `clusters`: the device launches thread-block clusters (sm_90 and later). `forced` (a
@@ -548,6 +574,9 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
   }
   plan.staged = plan.kind == KernelKind::kRow &&
                 row_staged(backward, mul, H, elem_size, plan.packs, plan.row, row_tuning().stage_rows);
+  plan.tail = plan.kind == KernelKind::kRow
+                  ? row_tail_plan(backward, mul, H, elem_size, plan.packs, clusters, plan.row, row_tuning().tail_rows)
+                  : 0;
   return plan;
 }
 
@@ -557,7 +586,7 @@ inline std::string describe(const LaunchPlan& p) {
       return "row G=" + std::to_string(p.row.G) + " threads=" + std::to_string(p.row.threads) +
              " packs=" + std::to_string(p.packs) + " cluster=" + std::to_string(p.row.cluster) +
              (p.row.cluster > 1 ? " policy=" + std::to_string(row_cluster_policy(p.row.cluster)) : "") +
-             (p.staged ? " staged=1" : "");
+             (p.staged ? " staged=1" : "") + (p.tail > 0 ? " tail=" + std::to_string(p.tail) : "");
     default:
       return "tiled G=" + std::to_string(p.tiled.G) + " rows=" + std::to_string(p.tiled.rows);
   }

@@ -174,7 +174,7 @@ def test_cuda_graph_capture(dtype):
 
 @pytest.mark.parametrize("device,backend", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("H", [64, 65, 257, 3000, 4096, 4097, 5125, 16385])
+@pytest.mark.parametrize("H", [64, 65, 257, 263, 3000, 4096, 4097, 5125, 16385])
 @pytest.mark.parametrize("shift", [1, 3, "strided", "x-only", "g-stride0"])
 def test_misaligned_rows_give_the_aligned_bits(device, backend, dtype, H, shift):
     # The same rows, once 16-byte aligned and once starting `shift` elements into a buffer

@@ -57,6 +57,12 @@ def slot_packs(dtype: torch.dtype, H: int) -> int:
     return H * elem // 16 if H * elem % 16 == 0 else -(-(H - 1) * elem // 16)
 
 
+def held_slots(dtype: torch.dtype, H: int, text: str) -> int:
+    """Packs the lanes of a planned row hold: slot_packs, or, for the fused backward's tail rows
+    ("tail=N", launch_plan.h's row_tail_plan), the row's whole packs (its last lane holds the rest)."""
+    return H * elem_size(dtype) // 16 if "tail=" in text else slot_packs(dtype, H)
+
+
 def lanes(need: int) -> int:
     """Threads of a row that needs `need`: a power of two up to 32, then whole warps (row_lanes)."""
     return min(1 << max(need - 1, 0).bit_length(), 32) if need <= 32 else -(-need // 32) * 32
@@ -96,9 +102,22 @@ def geometry(op: str, dtype: torch.dtype, H: int) -> tuple[int, int, int, int]:
 
 
 def cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool = True):
-    """(CTAs, threads a CTA) of a row of H (launch_plan.h's row_plan), or None: the tiled kernels."""
+    """(CTAs, threads a CTA) of a row of H (launch_plan.h's row_plan, and row_tail_plan for the fused
+    backward's odd rows in 2- and 4-byte dtypes: the row's whole packs in slots where that takes fewer
+    lanes, whole warps on CTAs of at most 256), or None: the tiled kernels."""
+    plan_ = _cluster_of(op, dtype, H, clusters, slot_packs(dtype, H))
+    elem = elem_size(dtype)
+    if op != "mul_backward" or elem > 4 or H * elem % 16 == 0 or plan_ is None:
+        return plan_
+    tail = _cluster_of(op, dtype, H, clusters, H * elem // 16)
+    if tail is not None and tail[1] <= 256 and 32 <= tail[0] * tail[1] < plan_[0] * plan_[1]:
+        return tail
+    return plan_
+
+
+def _cluster_of(op: str, dtype: torch.dtype, H: int, clusters: bool, slots: int):
     packs, most, split, cta_threads = geometry(op, dtype, H)
-    need = -(-slot_packs(dtype, H) // packs)  # threads that cover the row
+    need = -(-slots // packs)  # threads that cover the row
     if not clusters or lanes(need) <= split:
         one_tier = (1, lanes(need)) if lanes(need) <= most else None
     else:
@@ -149,7 +168,7 @@ def test_row_kernels_hold_rows_up_to_their_register_budget(op, dtype, wide):
         f = fields(text)
         assert f["packs"] == geometry(op, dtype, H)[0], (H, text)
         G = f["G"]
-        need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
+        need = -(-held_slots(dtype, H, text) // f["packs"])  # threads that cover the row
         assert G >= need, (H, text)
         if need <= 32:  # the smallest power of two: several rows a warp
             assert G & (G - 1) == 0 and (G == 1 or G // 2 < need), (H, text)
@@ -169,14 +188,54 @@ def test_odd_rows_hold_their_first_h_minus_1_elements_in_slots(op, dtype):
     # slot_packs rounds the packs of H - 1 elements up: a row two or more elements past whole
     # packs needs a slot for its partial pack (H = 66 bf16 forward: 9 packs, G = 2, where
     # rounding down would give G = 1 and drop element 64); only a row one element past whole
-    # packs keeps that element apart (H = 65: 8 packs, G = 1).
+    # packs keeps that element apart (H = 65: 8 packs, G = 1). The fused backward's tail rows
+    # ("tail=N") hold their whole packs and N elements apart (test_fused_backward_tail_rows).
     elem, vec = elem_size(dtype), 16 // elem_size(dtype)
     for H in (vec + 1, vec + 2, 8 * vec + 1, 8 * vec + 2, 8 * vec + vec - 1, 512 * vec + 1, 512 * vec + 2):
-        f = fields(plan(op, H, dtype, clusters=False))
-        need = -(-(-(-(H - 1) * elem // 16)) // f["packs"])  # threads for the packs of H - 1 elements
+        text = plan(op, H, dtype, clusters=False)
+        f = fields(text)
+        need = -(-held_slots(dtype, H, text) // f["packs"])  # threads for the packs the lanes hold
         assert f["G"] >= need and (f["G"] == 1 or f["G"] // 2 < need or f["G"] - 32 < need), (op, dtype, H, f)
-        if H % vec != 1:  # the partial pack in a slot: the row's packs, not one fewer
+        if "tail=" in text:
+            assert 1 < f["tail"] == H - f["G"] * f["packs"] * vec < vec, (op, dtype, H, f)
+        elif H % vec != 1:  # the partial pack in a slot: the row's packs, not one fewer
             assert f["G"] * f["packs"] >= -(-H * elem // 16), (op, dtype, H, f)
+
+
+def test_fused_backward_tail_rows():
+    # csrc/launch_plan.h, row_tail_plan: the fused backward's odd rows in 2- and 4-byte dtypes take the plan of
+    # their whole packs, the 2 to vec - 1 elements past them on the last lane ("tail=N"), where that takes fewer
+    # lanes, whole warps on CTAs of at most 256; every other row, op and dtype keeps slot_packs' plan.
+    # bf16 5125 (640 packs and 5 elements): one CTA of 160, not two of 96; 4103 (512 and 7): 128, not 160;
+    # 4097 (one element past): 128 either way, no tail; 3003 (375 and 3): 96 either way, no tail.
+    expected = {5125: (160, 1, 5), 4103: (128, 1, 7), 4097: (128, 1, 0), 3003: (96, 1, 0), 16387: (128, 4, 3)}
+    for H, (G, C, tail) in expected.items():
+        f = fields(plan("mul_backward", H, torch.bfloat16))
+        assert (f["G"], f["cluster"], f.get("tail", 0)) == (G, C, tail), (H, f)
+    taken = set()
+    for dtype in FLOAT_DTYPES:
+        elem, vec = elem_size(dtype), 16 // elem_size(dtype)
+        for H in [*range(vec + 1, 40 * vec, 7), *range(4090, 4200, 3), 5125, 16387, 65539, 131075]:
+            for op in OPS:
+                text = plan(op, H, dtype)
+                if "tail=" not in text:
+                    continue
+                f = fields(text)
+                taken.add((dtype, H))
+                assert op == "mul_backward" and elem <= 4 and H % vec > 1, (op, dtype, H, text)
+                assert f["tail"] == H - f["G"] * f["cluster"] * f["packs"] * vec, (op, dtype, H, text)
+                assert f["G"] * f["cluster"] >= 32 and f["threads"] <= 256, (op, dtype, H, text)
+                old = -(-(-(-(H - 1) * elem // 16)) // f["packs"])  # lanes for the packs of H - 1 elements
+                assert f["G"] * f["cluster"] < lanes(old), (op, dtype, H, text)
+    assert (torch.bfloat16, 5125) in taken and any(d == torch.float32 for d, _ in taken), taken
+    # _tune_rows(tail_rows=False): never (the plans of before); the same for every other row.
+    try:
+        torch.ops.polynorm._tune_rows(tail_rows=False)
+        f = fields(plan("mul_backward", 5125, torch.bfloat16))
+        assert (f["G"], f["cluster"], f.get("tail", 0)) == (96, 2, 0), f
+        assert all("tail=" not in plan("mul_backward", H, dtype) for dtype, H in taken)
+    finally:
+        torch.ops.polynorm._tune_rows()
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -203,7 +262,7 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
         assert text.startswith("row "), (op, dtype, H, text)
         f = fields(text)
         assert f["packs"] == packs_of(op, dtype, H), (H, text)
-        need = -(-slot_packs(dtype, H) // f["packs"])  # threads that cover the row
+        need = -(-held_slots(dtype, H, text) // f["packs"])  # threads that cover the row
         C = f["cluster"]
         assert (C, f["G"]) == cluster_of(op, dtype, H), (H, text)
         if C == 1:
@@ -415,7 +474,7 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
         (torch.bfloat16, "forward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
         (torch.bfloat16, "backward"): {5125: (7, 96), 3001: (7, 64), 4097: (8, 64), 16385: (8, 256)},
         (torch.bfloat16, "mul_forward"): {5125: (7, 96), 4097: (8, 64)},
-        (torch.bfloat16, "mul_backward"): {5125: (4, 192)},
+        (torch.bfloat16, "mul_backward"): {5125: (4, 160)},  # its tail plan (row_tail_plan)
         (torch.float32, "forward"): {5125: (15, 96)},
         (torch.float32, "backward"): {5125: (7, 192)},
     }

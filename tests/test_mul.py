@@ -170,7 +170,7 @@ def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
 @requires_cuda
 @pytest.mark.parametrize("moved", ["all", "mul", "x", "g", "x,mul"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 5125])
+@pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 4103, 5125])
 def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
     # The same rows, aligned and one element into a buffer (x, mul and grad_out each; mul, x or
     # grad_out alone; or x and mul, beside aligned grad_out and outputs): the row kernels realign what they load (a misaligned mul beside aligned

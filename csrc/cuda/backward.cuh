@@ -353,7 +353,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   constexpr bool kStaged = kBuild == kAlignedStaged;
   static_assert(!kStaged || (kMaxThreads == kStageThreads && kStageThreads == kRowStageThreads && !kGrouped),
                 "the staged build: CTAs of kRowStageThreads, not grouped");
-  constexpr int kLayout = kStaged ? int(kAligned) : kBuild;
+  constexpr int kLayout = build_layout(kBuild);
+  // The tail builds (packs.cuh, row_tail): the row's 2 to kVec - 1 elements past its slots on its last lane.
+  constexpr bool kWideTail = wide_tail_build(kBuild);
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   // The rows as chunks, summed in the class order through the class areas (class_sums): the
   // same-phase and realigned builds; the aligned and pack-realigned ones hold packs.
@@ -497,8 +499,16 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     };
     // A row one element past its slots: its last lane holds x[H - 1] and grad_y's (mul's) apart.
     const int packs = static_cast<int>((H + P::kVec - 1) / P::kVec);
-    const bool extra = kRealign && row_has_extra<kPacks>(rl, packs);
+    const bool extra = !kWideTail && kRealign && row_has_extra<kPacks>(rl, packs);
     const bool holds_extra = extra && rl.lane == rl.G - 1 && owned;
+    // The tail builds: the row's tail, its last lane's (n = 0 elsewhere).
+    const int tail = kWideTail ? row_tail<scalar_t, kPacks>(rl, H) : 0;
+    Pack x_tail = make_uint4(0u, 0u, 0u, 0u), g_tail = x_tail, m_tail = x_tail;
+    if constexpr (kWideTail) {
+      x_tail = load_tail(x_row, H, tail, owned);
+      g_tail = load_tail(g_row, H, tail, owned);
+      if constexpr (kMul) m_tail = load_tail(m_row, H, tail, true);
+    }
     const auto x_last = load_extra(x_row, H, holds_extra);
     const auto g_last = load_extra(g_row, H, holds_extra);
     const auto m_last = kMul ? load_extra(m_row, H, holds_extra) : x_last;
@@ -551,6 +561,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const acc_t g_e = kMul ? Elem<scalar_t>::to_acc(g_last) * Elem<scalar_t>::to_acc(m_last)
                            : Elem<scalar_t>::to_acc(g_last);
     if (extra) add(x_e, g_e);
+    if constexpr (kWideTail) {
+#pragma unroll
+      for (int k = 0; k + 1 < P::kVec; ++k) {
+        if (k < tail) add(P::value(x_tail, k), grad_of(g_tail, m_tail, k));
+      }
+    }
     // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
     acc_t rw0 = w0, rw1 = w1, rw2 = w2, no_bias;
     if (grouped) expert_params(grouping, weight, nullptr, expert, rw0, rw1, rw2, no_bias);
@@ -669,6 +685,14 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       if (extra && active && rl.lane == rl.G - 1) {
         store_extra(grad_x + r * H, H, dx_at(x_e, g_e));
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
+      }
+    }
+    // The tail's outputs, after the chunks' (which may cover part of it: the same values, overwritten).
+    if (kWideTail && active && tail > 0) {
+      store_tail(grad_x + r * H, H, tail, [&](int k) { return dx_at(P::value(x_tail, k), grad_of(g_tail, m_tail, k)); });
+      if constexpr (kMul) {
+        store_tail(mul.grad_mul + r * H, H, tail,
+                   [&](int k) { return grad_mul_at(P::value(x_tail, k), P::value(g_tail, k)); });
       }
     }
   }

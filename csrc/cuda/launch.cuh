@@ -370,11 +370,14 @@ int64_t row_grid(Kernel kernel, const RowPlan& plan, int64_t M, size_t smem, int
 }
 
 // The row kernels hold a row's slot packs and nothing more (a row's one element past them is
-// its last lane's `extra`): a launch whose lanes hold fewer would drop part of the row.
-void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size) {
-  TORCH_INTERNAL_ASSERT(int64_t(row.G) * row.cluster * packs >= slot_packs(H, static_cast<int>(elem_size)),
-                        "polynorm: a row launch of ", num(row.G), " x ", num(row.cluster), " threads, ", num(packs),
-                        " packs each, for a row of ", num(H), " elements");
+// its last lane's `extra`; the tail builds' 2 to kVec - 1, `tail`, launch_plan.h row_tail_plan): a
+// launch whose lanes hold fewer would drop part of the row.
+void check_slots(const RowPlan& row, int packs, int64_t H, size_t elem_size, int tail = 0) {
+  const int64_t held = int64_t(row.G) * row.cluster * packs;
+  const bool ok = tail > 0 ? H - held * int64_t(16 / elem_size) == tail && tail < int64_t(16 / elem_size)
+                           : held >= slot_packs(H, static_cast<int>(elem_size));
+  TORCH_INTERNAL_ASSERT(ok, "polynorm: a row launch of ", num(row.G), " x ", num(row.cluster), " threads, ", num(packs),
+                        " packs each, for a row of ", num(H), " elements (tail ", num(int64_t{tail}), ")");
 }
 
 // The staggered start of a row grid of `grid` blocks for M rows (stagger_start, reduce.cuh): a
@@ -557,7 +560,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                          const MulArgs<scalar_t>& mul, const GroupArgs<at::opmath_type<scalar_t>>& grouping,
                          int64_t M, int64_t H, cudaStream_t stream) {
   const RowPlan& row = lp.row;
-  check_slots(row, kPacks, H, sizeof(scalar_t));
+  check_slots(row, kPacks, H, sizeof(scalar_t), lp.tail);
   const bool realign = !x_vec_ok || !g_vec_ok || !dx_vec_ok || (kMul && (!mul.vec_ok || !mul.grad_vec_ok));
   bool same_phase = realign && row_tuning().same_phase && same_phase_rows(x_ptr, x_stride, g_ptr, g_stride) &&
                     same_phase_rows(x_ptr, x_stride, dx_ptr, H);
@@ -601,6 +604,22 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
                             num(H));
       kernel = &poly_norm_bwd_row_kernel<scalar_t, kPacks, kAlignedStaged, kStageThreads, kMul, false, false>;
       stage_bytes = size_t(3) * kPacks * kStageThreads * sizeof(Pack);
+    }
+  }
+  // The fused op's odd rows on fewer lanes with a wide tail (launch_plan.h, row_tail_plan; packs.cuh, row_tail): the
+  // tail builds of the same-phase and realigned layouts (odd rows take no other), whole warps on CTAs of <= 256.
+  TORCH_INTERNAL_ASSERT(lp.tail == 0 || (kMul && kPacks == kRowMulBwdPacks && sizeof(scalar_t) <= 4),
+                        "polynorm: a tail row for a build without one");
+  if constexpr (kMul && kPacks == kRowMulBwdPacks && sizeof(scalar_t) <= 4) {
+    if (lp.tail > 0) {
+      TORCH_INTERNAL_ASSERT((layout == kSamePhase || layout == kRealigned) && row.threads <= 256 &&
+                                int64_t(row.G) * row.cluster >= 32,
+                            "polynorm: a tail row of ", num(row.cluster), " x ", num(row.threads), " threads for H = ",
+                            num(H));
+      kernel = layout == kSamePhase ? &poly_norm_bwd_row_kernel<scalar_t, kPacks, kSamePhaseTail, 256, kMul, false, true>
+                                    : &poly_norm_bwd_row_kernel<scalar_t, kPacks, kRealignedTail, 256, kMul, false, true>;
+      TORCH_INTERNAL_ASSERT(smem_fits(kernel, smem_of(layout)), "polynorm: a backward tail row block's ",
+                            num(smem_of(layout)), " bytes of shared memory do not fit");
     }
   }
   // The realigned build's phase (backward.cuh): that of x's, grad_y's or grad_x's rows, the one of

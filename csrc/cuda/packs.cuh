@@ -517,7 +517,17 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 // where the stage does not fit a block, and the narrow builds' aligned rows.
 // kAlignedStaged: the fused backward's aligned rows of clusters, each thread's packs copied into its own
 // shared-memory stage (stage_copies) a row ahead (launch_plan.h, row_staged).
-enum RowLayout : int { kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3, kAlignedStaged = 4 };
+// kSamePhaseTail, kRealignedTail: the same-phase and realigned builds of rows whose tail is wider than one element
+// (row_tail below; launch_plan.h, row_tail_plan: the fused backward's odd rows that take fewer lanes so).
+enum RowLayout : int {
+  kAligned = 0, kRealigned = 1, kSamePhase = 2, kPackRealigned = 3, kAlignedStaged = 4, kSamePhaseTail = 5,
+  kRealignedTail = 6
+};
+// The layout a build works in (kAlignedStaged: kAligned; the tail builds: theirs), and whether it holds a wide tail.
+constexpr int build_layout(int build) {
+  return build == kAlignedStaged ? kAligned : build == kSamePhaseTail ? kSamePhase : build == kRealignedTail ? kRealigned : build;
+}
+constexpr bool wide_tail_build(int build) { return build == kSamePhaseTail || build == kRealignedTail; }
 
 // Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
 // realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
@@ -788,6 +798,44 @@ __device__ __forceinline__ typename Elem<scalar_t>::raw_t load_extra(const scala
 template <typename scalar_t>
 __device__ __forceinline__ void store_extra(scalar_t* row, int64_t H, at::opmath_type<scalar_t> v) {
   reinterpret_cast<typename Elem<scalar_t>::raw_t*>(row)[H - 1] = Elem<scalar_t>::from_acc(v);
+}
+
+// A row's wide tail (the tail builds, kSamePhaseTail and kRealignedTail: launch_plan.h, row_tail_plan): the 2 to
+// kVec - 1 elements past the whole packs its lanes hold, where holding them apart takes fewer lanes than a slot
+// for their partial pack (the fused backward's bf16 5125: 640 packs on one CTA of 160 threads, 5 elements apart,
+// not 641 on two CTAs of 96). The row's last lane (n > 0; the others n = 0) loads them as raw scalars into
+// elements 0..n-1 of a pack (zeros past n; `holds` false: zeros), adds them to its sums after its packs, and
+// writes their outputs after every other store of the row: the chunk builds' `ext` chunk covers part of the tail
+// (and a chunk past it may hold the rest, never loaded nor stored by the chunk code), so the tail's outputs are
+// the scalar path's in every layout. A build of its own: its three packs of registers would spill in the
+// builds of one-element tails.
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ int row_tail(const RowLane& rl, int64_t H) {
+  const int64_t n = H - int64_t(rl.G) * (kPacks * PackOf<scalar_t>::kVec);
+  return rl.lane == rl.G - 1 && n > 0 ? static_cast<int>(n) : 0;
+}
+
+template <typename scalar_t>
+__device__ __forceinline__ Pack load_tail(const scalar_t* row, int64_t H, int n, bool holds) {
+  using P = PackOf<scalar_t>;
+  const auto* raw = reinterpret_cast<const typename P::raw_t*>(row) + (H - n);
+  Pack out = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+  for (int k = 0; k + 1 < P::kVec; ++k) {
+    if (holds && k < n) P::set(out, k, raw[k]);
+  }
+  return out;
+}
+
+// Writes the tail's outputs, element k from f(k) (opmath), k < n.
+template <typename scalar_t, typename F>
+__device__ __forceinline__ void store_tail(scalar_t* row, int64_t H, int n, F f) {
+  using P = PackOf<scalar_t>;
+  auto* raw = reinterpret_cast<typename P::raw_t*>(row) + (H - n);
+#pragma unroll
+  for (int k = 0; k + 1 < P::kVec; ++k) {
+    if (k < n) raw[k] = Elem<scalar_t>::from_acc(f(k));
+  }
 }
 
 }  // namespace
