@@ -505,9 +505,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     const int tail = kWideTail ? row_tail<scalar_t, kPacks>(rl, H) : 0;
     Pack x_tail = make_uint4(0u, 0u, 0u, 0u), g_tail = x_tail, m_tail = x_tail;
     if constexpr (kWideTail) {
-      x_tail = load_tail(x_row, H, tail, owned);
-      g_tail = load_tail(g_row, H, tail, owned);
-      if constexpr (kMul) m_tail = load_tail(m_row, H, tail, true);
+      if (tail > 0) {  // one branch that every warp but the row's last skips (not predicated loads on every lane)
+        x_tail = load_tail(x_row, H, tail, owned);
+        g_tail = load_tail(g_row, H, tail, owned);
+        if constexpr (kMul) m_tail = load_tail(m_row, H, tail, true);
+      }
     }
     const auto x_last = load_extra(x_row, H, holds_extra);
     const auto g_last = load_extra(g_row, H, holds_extra);
@@ -562,9 +564,11 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
                            : Elem<scalar_t>::to_acc(g_last);
     if (extra) add(x_e, g_e);
     if constexpr (kWideTail) {
+      if (tail > 0) {  // as the loads: the row's last lane only
 #pragma unroll
-      for (int k = 0; k + 1 < P::kVec; ++k) {
-        if (k < tail) add(P::value(x_tail, k), grad_of(g_tail, m_tail, k));
+        for (int k = 0; k + 1 < P::kVec; ++k) {
+          if (k < tail) add(P::value(x_tail, k), grad_of(g_tail, m_tail, k));
+        }
       }
     }
     // The row's weights: the kernel's, or its expert's (zeros for a row of no expert).
