@@ -48,9 +48,10 @@
 //                |                   |                                | past 128 threads persistent; 3000:
 //                |                   |                                | 1.04 at 4 packs, 1.11 at 8 (v21)
 //   mul_backward | H <= 8192         | as backward, 4 packs each of x,| persistent grids throughout; rows of
-//                | <= 131072, beyond | grad_out and mul               | clusters on CTAs of 256 staged a row
-//                |                   |                                | ahead (row_staged; 131072: 1.11, 1.25
-//                |                   |                                | unstaged, v32)
+//                | <= 131072, beyond | grad_out and mul; odd rows on  | clusters on CTAs of 256 staged a row
+//                |                   | their whole packs' lanes, the  | ahead (row_staged; 131072: 1.11, 1.25
+//                |                   | rest on the last lane, where   | unstaged, v32); 5125 one CTA of 160
+//                |                   | fewer lanes (row_tail_plan)    | (1.13), not 2 x 96 (1.20, v33)
 //   the backwards' dW / dB partials: summed by the last block, or apart where the persistent grid
 //                | takes 4 rounds of rows or more (row_sum_apart; PolyNorm's one-CTA rows then take
 //                | a block per R rows)
@@ -63,7 +64,7 @@
 // Odd-H rows are planned by the packs their lanes hold (slot_packs): a misaligned row's one
 // extra chunk is held apart (the last lane's `ext`), and so is a last element past whole packs,
 // so odd rows reach the same bounds plus an element (bf16 backward: H = 16385 on the plan of
-// 16384; H = 4097 forward on 64 threads, not 96). The fused backward's odd rows hold up to a pack's
+// 16384; H = 4097 forward on 64 threads, not 96). The fused backward's odd rows hold up to 7 (bf16)
 // elements apart (its tail builds) where that takes fewer lanes (row_tail_plan: bf16 5125 on one CTA
 // of 160 threads, not two of 96).
 
@@ -544,7 +545,12 @@ inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int pa
 // partial pack, and still whole warps on CTAs of at most 256 threads: bf16 5125 (640 packs and 5 elements)
 // takes one CTA of 160 threads, not two of 96 in a cluster (161 lanes of 4 packs); 4103 (512 and 7) 128, not
 // 160. Rows one element past whole packs keep their plan (their tail is slot_packs' one element). Returns the
-// tail's elements, 0 where the rule does not serve; `row` then becomes the tail plan.
+// tail's elements, 0 where the rule does not serve; `row` then becomes the tail plan. Measured on an H200
+// (bench/NOTES.md v33, h200-2026-12-04e/call2/tune_mul.log, M·H = 2^26, over an add plus a copy, against the
+// slot_packs plan in one run): bf16 5125 1.126 / 1.198, 2051 1.127 / 1.332, 4103 1.142 / 1.151, 16387 1.190 /
+// 1.362, 65539 1.289 / 1.491; fp16 5125 1.112 / 1.178; fp32 8195 1.063 / 1.104, but 2051 / 4099 1.072 / 1.071
+// against 1.057 / 1.059 (one rule for every dtype all the same). Other ops keep slot_packs' plans: their
+// tail builds are not written (PolyNorm's backward at 2051 / 4103 / 16387 would take 32 / 64 / 256 lanes).
 // `tuned` (_tune_rows' tail_rows): false, never (the plans of before).
 inline int row_tail_plan(bool backward, bool mul, int64_t H, int elem_size, int packs, bool clusters, RowPlan& row,
                          bool tuned = true) {
