@@ -558,8 +558,10 @@ inline int row_tail_plan(bool backward, bool mul, int64_t H, int elem_size, int 
   const RowPlan t = row_plan_for(backward, mul, H, elem_size, packs, clusters, true);
   const int64_t lanes = int64_t(t.G) * t.cluster;
   if (!t.ok || t.threads > kRowWideThreads || lanes < 32 || lanes >= int64_t(row.G) * row.cluster) return 0;
+  const int64_t tail = H - lanes * packs * (16 / elem_size);
+  if (tail < 2 || tail >= 16 / elem_size) return 0;  // never, by the rounding of whole packs; the kernels' bound
   row = t;
-  return static_cast<int>(H - lanes * packs * (16 / elem_size));
+  return static_cast<int>(tail);
 }
 
 // The table above. `out_misaligned`: the output rows are not whole aligned packs; no choice

@@ -169,15 +169,17 @@ def _misaligned_view(t: torch.Tensor, shift: int) -> torch.Tensor:
 
 @requires_cuda
 @pytest.mark.parametrize("moved", ["all", "mul", "x", "g", "x,mul"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("H", [1500, 3000, 4096, 4097, 4103, 5125])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("H", [1500, 2051, 3000, 4096, 4097, 4103, 5125, 16387])
 def test_cuda_misaligned_rows_give_the_aligned_bits(dtype, H, moved):
     # The same rows, aligned and one element into a buffer (x, mul and grad_out each; mul, x or
     # grad_out alone; or x and mul, beside aligned grad_out and outputs): the row kernels realign what they load (a misaligned mul beside aligned
     # x and outputs takes the realigning build, which realigns mul's rows as x's), and a row's
     # packs and lanes depend on H and the dtype only, so out, dx, dmul, dw and db are bitwise the
     # same. bf16 3000 / fp32 1500: the forward's 4-pack rows (launch_plan.h, row_packs), aligned
-    # ones on the realigning build.
+    # ones on the realigning build. 2051 / 4103 / 5125 / 16387: the backward's tail plans in 2- and
+    # 4-byte dtypes (launch_plan.h, row_tail_plan; bf16: 64 lanes, two rows a block / 128 / 160 / a
+    # cluster of 4 x 128), checked against the float64 oracle too.
     gen = torch.Generator().manual_seed(seed_for("mul-misaligned-bits", dtype, H))
     x, mul, g = (make_rows(67, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cuda", gen)

@@ -691,7 +691,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
         if constexpr (kMul) store_extra(mul.grad_mul + r * H, H, grad_mul_at(x_e, Elem<scalar_t>::to_acc(g_last)));
       }
     }
-    // The tail's outputs, after the chunks' (which may cover part of it: the same values, overwritten).
+    // The tail's outputs, last: the chunks' stores may reach into the tail, the realigned build's with wrong values
+    // (packs.cuh, row_tail), which these overwrite from the same lane.
     if (kWideTail && active && tail > 0) {
       store_tail(grad_x + r * H, H, tail, [&](int k) { return dx_at(P::value(x_tail, k), grad_of(g_tail, m_tail, k)); });
       if constexpr (kMul) {

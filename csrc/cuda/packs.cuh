@@ -805,10 +805,13 @@ __device__ __forceinline__ void store_extra(scalar_t* row, int64_t H, at::opmath
 // for their partial pack (the fused backward's bf16 5125: 640 packs on one CTA of 160 threads, 5 elements apart,
 // not 641 on two CTAs of 96). The row's last lane (n > 0; the others n = 0) loads them as raw scalars into
 // elements 0..n-1 of a pack (zeros past n; `holds` false: zeros), adds them to its sums after its packs, and
-// writes their outputs after every other store of the row: the chunk builds' `ext` chunk covers part of the tail
-// (and a chunk past it may hold the rest, never loaded nor stored by the chunk code), so the tail's outputs are
-// the scalar path's in every layout. A build of its own: its three packs of registers would spill in the
-// builds of one-element tails.
+// writes their outputs after every other store of the row, from the same lane: the chunk builds' stores may
+// reach into the tail, the same-phase build's `ext` chunk with the right values, the realigned build's chunk
+// after the slots (store_row_from, realign_any(v_ext, v_ext, shift)) with wrong ones where the tail runs into the
+// chunk after `ext`, which that store does not hold. Only the scalar stores coming last make every tail element
+// right, and the scalar path's in every layout: keep them last. Every element before the tail comes from held
+// chunks (a review's element-level model of every phase, bench/NOTES.md v33). A build of its own: its three packs
+// of registers would spill in the builds of one-element tails.
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ int row_tail(const RowLane& rl, int64_t H) {
   const int64_t n = H - int64_t(rl.G) * (kPacks * PackOf<scalar_t>::kVec);
