@@ -184,7 +184,7 @@ struct RowTuning {
   int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
   int stage_rows;      // the fused backward's aligned rows of clusters staged a row ahead: -1 the table's (row_staged),
-                       // 0 never, 1 wherever the staged build serves
+                       // 0 never, 1 wherever the staged build serves; 2 also PolyNorm's forward (a bench's A/B)
   bool tail_rows;      // the fused backward's odd rows on fewer lanes with a wide tail where that serves (row_tail_plan);
                        // false: never (the plans of before the thirtieth session), a bench's A/B
 };
@@ -529,14 +529,18 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 // 1.257; fp16 1.087 / 1.090, 1.100 / 1.161; fp32 32768 (8 x 256) 1.063 / 1.044, 65536 (16 x 256) 1.073 /
 // 1.143. Not PolyNorm's backward, two tensors of 8 packs (64 KB a CTA): at bf16 131072 / 262144 1.123 / 1.198
 // unstaged, 1.365 / 1.401 staged (call1/tune.log). `tuned` (_tune_rows' stage_rows): -1 the table's, 0 never,
-// 1 every row the staged build serves (today the table's).
+// 1 every row the staged build serves (today the table's); 2 (a bench's A/B) also PolyNorm's forward's aligned rows
+// of whole warps (forward.cuh, kAlignedStaged; 2- and 4-byte dtypes, CTAs of 128 or 256, every slot in the row),
+// on a persistent grid.
 constexpr int kRowStageThreads = 256;
 inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int packs, const RowPlan& row,
                        int tuned = -1) {
   const bool full = whole_packs(H, elem_size) && int64_t(row.G) * row.cluster * packs == slot_packs(H, elem_size);
   const bool serves =
       backward && mul && elem_size <= 4 && row.cluster > 1 && row.threads == kRowStageThreads && full;
-  return serves && tuned != 0;
+  const bool forward = !backward && !mul && elem_size <= 4 && packs == kRowFwdPacks && full &&
+                       int64_t(row.G) * row.cluster >= 32 && (row.threads == 128 || row.threads == 256);
+  return (serves && tuned != 0) || (forward && tuned == 2);
 }
 
 // The fused backward's odd rows (2- and 4-byte dtypes) hold only their whole packs in slots, and the 2 to

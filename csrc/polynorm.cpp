@@ -207,7 +207,7 @@ std::atomic<bool> g_tail_rows{true};
 // own; launch_plan.h, row_sum_apart), and the cluster scheduling policy preference of rows of clusters (-1 = the
 // table's, 0 the default, 1 spread, 2 load balancing; launch_plan.h, row_cluster_policy), and whether the fused
 // backward's aligned rows of clusters are staged a row ahead (-1 = the table's, 0 never, 1 wherever the staged
-// build serves; launch_plan.h, row_staged), and whether the fused backward's odd rows take fewer lanes with a wide
+// build serves, 2 also PolyNorm's forward's aligned rows of whole warps; launch_plan.h, row_staged), and whether the fused backward's odd rows take fewer lanes with a wide
 // tail where that serves (true, the table's; false, never: the plans of before the thirtieth session;
 // launch_plan.h, row_tail_plan).
 // Process-wide; _tune_rows() restores the defaults.
@@ -227,7 +227,7 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
                     num(sum_apart));
   TORCH_CHECK_VALUE(cluster_policy >= -1 && cluster_policy <= 2,
                     "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got ", num(cluster_policy));
-  TORCH_CHECK_VALUE(stage_rows >= -1 && stage_rows <= 1, "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got ",
+  TORCH_CHECK_VALUE(stage_rows >= -1 && stage_rows <= 2, "polynorm._tune_rows: expected -1 <= stage_rows <= 2, got ",
                     num(stage_rows));
   // Every check before any store: a rejected call changes nothing.
   g_grid_waves.store(static_cast<int>(grid_waves));
