@@ -479,6 +479,10 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
                                   : &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAlignedStaged, 256, false, false, true>;
       smem = (smem + 15) / 16 * 16 + size_t(kPacks) * row.threads * sizeof(Pack);
       ahead = true;
+      // The most shared memory an SM (call 2 of the thirty-first session: whether the carveout the driver picks
+      // holds the stages of every block that the registers allow; a hint; a bench's A/B, so set on every call).
+      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                          static_cast<int>(cudaSharedmemCarveoutMaxShared)));
     }
   }
   // The realigned build's phase (forward.cuh): x's rows' or y's (launch_plan.h, realign_phase);

@@ -28,7 +28,10 @@ for dtype, H in cases:
     ref = reference(x[:8].double(), w.double(), b.double(), 1e-6)
     floor = torch.finfo(dtype).eps / 2 * ref.abs().clamp_min(1.0)
     err = float(((y1[:8].double() - ref).abs() / floor).max())
-    ok = "staged=1" in p1 and "staged" not in p0 and torch.equal(y0, y1) and torch.equal(r0, r1) and err <= 2.0
+    # Half-ulps of the output: 2-byte outputs round once (<= 1 plus fp32's share); fp32 outputs carry the fp32
+    # sums' own error over H elements (the table's reads 3-5 in tune_rows' err column, call 1), bound at 16.
+    bound = 16.0 if dtype == torch.float32 else 2.0
+    ok = "staged=1" in p1 and "staged" not in p0 and torch.equal(y0, y1) and torch.equal(r0, r1) and err <= bound
     bad += not ok
     print(f"{str(dtype)[6:]:9} H={H:6} M={M:5} table[{p0}] staged[{p1}] equal={torch.equal(y0, y1) and torch.equal(r0, r1)} "
           f"err={err:.2f} {'ok' if ok else 'FAIL'}", flush=True)
