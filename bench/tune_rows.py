@@ -20,17 +20,17 @@ quarters N clock cycles apart (a persistent grid all of it, a block per R rows i
 columns ``*-s<N>``; ``-s0``: never staggered). ``--policy N ...``: rows of clusters launched with
 cluster scheduling policy preference N (columns ``*-p<N>``: 0 the default, 1 spread, 2 load
 balancing; csrc/launch_plan.h, row_cluster_policy). ``--stage N ...``: the fused backward's aligned rows
-of clusters staged a row ahead (1) or not (0), and (2) PolyNorm's forward's aligned rows of whole warps too, on a
-persistent grid (columns ``*-st<N>``, ``f-st2`` for the forward; csrc/launch_plan.h, row_staged). ``--apart N ...``:
+of clusters staged a row ahead (1) or not (0) (columns ``*-st<N>``; csrc/launch_plan.h, row_staged). ``--apart N ...``:
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
-block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart). ``--no-tail``: the fused
+block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart). ``--narrow``: PolyNorm's forward of 2-byte rows
+of whole packs at the narrow build's 8 packs a thread (column ``f-n8``; csrc/launch_plan.h, row_packs). ``--no-tail``: the fused
 backward's odd rows on the plans of before the thirtieth session, a slot for their partial pack, not fewer lanes
 and the elements past their whole packs on the last lane (columns ``*-t0``; csrc/launch_plan.h, row_tail_plan).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
-        [--stage N ...] [--no-tail]
+        [--stage N ...] [--narrow] [--no-tail]
 """
 
 import argparse
@@ -93,12 +93,14 @@ def main() -> None:
                         help="also with the backward's partials summed by the last block (0) or apart (1): "
                         "columns b-a<N> (the grid that choice takes), bw1-a1 / bw0-a1 (persistent / a block per "
                         "R rows, apart)")
-    parser.add_argument("--stage", type=int, nargs="*", default=[], choices=[0, 1, 2],
+    parser.add_argument("--stage", type=int, nargs="*", default=[], choices=[0, 1],
                         help="also with the fused backward's aligned rows of clusters staged a row ahead (1) or not "
                         "(0) (_tune_rows' stage_rows; csrc/launch_plan.h, row_staged): columns mb-st<N> with --op "
                         "poly_norm_mul (PolyNorm's backward is never staged: its b-st<N> columns are the table's), the "
-                        "same bits as the table's; 2: PolyNorm's forward's aligned rows of whole warps too (column "
-                        "f-st2, a persistent grid)")
+                        "same bits as the table's")
+    parser.add_argument("--narrow", action="store_true",
+                        help="also PolyNorm's forward of 2-byte rows of whole packs on the narrow build (8 packs a thread; "
+                        "_tune_rows' narrow_forward): column f-n8, another reduction tree")
     parser.add_argument("--no-tail", action="store_true",
                         help="also the fused backward's odd rows without their tail plans (_tune_rows' tail_rows=False; "
                         "csrc/launch_plan.h, row_tail_plan): columns *-t0 (the forward's are the table's)")
@@ -118,6 +120,8 @@ def main() -> None:
     for name, kw in extra.items():
         fwd_variants[f"{f}-{name}"] = kw
         bwd_variants[f"{b}-{name}"] = kw
+    if args.narrow and not fused:
+        fwd_variants["f-n8"] = {"narrow_forward": True}
     for n in args.stagger:
         fwd_variants[f"{f}-s{n}"] = {"stagger": n}
         bwd_variants[f"{b}-s{n}"] = {"stagger": n}
@@ -131,8 +135,6 @@ def main() -> None:
             bwd_variants[f"{b}w0-a{n}"] = {"grid_waves": 0, "sum_apart": n}
     for n in args.stage:
         bwd_variants[f"{b}-st{n}"] = {"stage_rows": n}
-        if n == 2 and not fused:
-            fwd_variants[f"{f}-st{n}"] = {"stage_rows": n}
     if args.persistent:
         fwd_variants[f"{f}w1"] = {"grid_waves": 1}
         for n in args.stagger:

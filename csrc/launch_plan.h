@@ -184,9 +184,10 @@ struct RowTuning {
   int cluster_policy;  // rows of clusters: the launch's cluster scheduling policy preference (-1: the table's,
                        // row_cluster_policy; 0, 1, 2: cudaClusterSchedulingPolicy default, spread, load balancing)
   int stage_rows;      // the fused backward's aligned rows of clusters staged a row ahead: -1 the table's (row_staged),
-                       // 0 never, 1 wherever the staged build serves; 2 also PolyNorm's forward (a bench's A/B)
+                       // 0 never, 1 wherever the staged build serves
   bool tail_rows;      // the fused backward's odd rows on fewer lanes with a wide tail where that serves (row_tail_plan);
                        // false: never (the plans of before the thirtieth session), a bench's A/B
+  bool narrow_forward;  // PolyNorm's forward of 2-byte rows of whole packs at the narrow count (row_packs), a bench's A/B
 };
 RowTuning row_tuning();
 
@@ -492,8 +493,11 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // same-phase, 7 packs 1.133 against 4 packs 1.152; 5125 1.112 against 1.317), PolyNorm's backward
 // at 4 or 5 packs (80 registers: 1.2-1.7 at 3000-6001) and the fused backward at 3 (1.16-1.59
 // against 1.04-1.37). `trim` false: the wide count here too.
-inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool trim = true) {
+inline int row_packs(bool backward, bool mul, int64_t H, int elem_size, bool trim = true, bool narrow = false) {
   const int wide = mul ? (backward ? kRowMulBwdPacks : kRowMulFwdPacks) : (backward ? kRowBwdPacks : kRowFwdPacks);
+  // `narrow` (a bench's A/B, _tune_rows' narrow_forward): PolyNorm's forward of 2-byte rows of whole packs at the
+  // narrow build's count (half), as its odd rows; its aligned rows then take the pack-realigned narrow build.
+  if (narrow && !backward && !mul && elem_size == 2 && whole_packs(H, elem_size)) return wide / 2;
   if (whole_packs(H, elem_size)) {
     if (!trim || !mul || backward) return wide;
     const int64_t slots = slot_packs(H, elem_size), half = wide / 2;
@@ -529,18 +533,14 @@ inline TiledPlan tiled_plan(int64_t H, int elem_size, int packs_per_thread) {
 // 1.257; fp16 1.087 / 1.090, 1.100 / 1.161; fp32 32768 (8 x 256) 1.063 / 1.044, 65536 (16 x 256) 1.073 /
 // 1.143. Not PolyNorm's backward, two tensors of 8 packs (64 KB a CTA): at bf16 131072 / 262144 1.123 / 1.198
 // unstaged, 1.365 / 1.401 staged (call1/tune.log). `tuned` (_tune_rows' stage_rows): -1 the table's, 0 never,
-// 1 every row the staged build serves (today the table's); 2 (a bench's A/B) also PolyNorm's forward's aligned rows
-// of whole warps (forward.cuh, kAlignedStaged; 2- and 4-byte dtypes, CTAs of 128 or 256, every slot in the row),
-// on a persistent grid.
+// 1 every row the staged build serves (today the table's).
 constexpr int kRowStageThreads = 256;
 inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int packs, const RowPlan& row,
                        int tuned = -1) {
   const bool full = whole_packs(H, elem_size) && int64_t(row.G) * row.cluster * packs == slot_packs(H, elem_size);
   const bool serves =
       backward && mul && elem_size <= 4 && row.cluster > 1 && row.threads == kRowStageThreads && full;
-  const bool forward = !backward && !mul && elem_size <= 4 && packs == kRowFwdPacks && full &&
-                       int64_t(row.G) * row.cluster >= 32 && (row.threads == 128 || row.threads == 256);
-  return (serves && tuned != 0) || (forward && tuned == 2);
+  return serves && tuned != 0;
 }
 
 // The fused backward's odd rows (2- and 4-byte dtypes) hold only their whole packs in slots, and the 2 to
@@ -576,7 +576,7 @@ inline int row_tail_plan(bool backward, bool mul, int64_t H, int elem_size, int 
 inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size, [[maybe_unused]] bool out_misaligned,
                               KernelKind forced = KernelKind::kAuto, bool clusters = true) {
   LaunchPlan plan{};
-  plan.packs = row_packs(backward, mul, H, elem_size, row_tuning().trim_packs);
+  plan.packs = row_packs(backward, mul, H, elem_size, row_tuning().trim_packs, row_tuning().narrow_forward);
   plan.row = row_plan_for(backward, mul, H, elem_size, plan.packs, clusters);
   plan.tiled = tiled_plan(H, elem_size, backward ? kBwdPacks : kFwdPacks);
   if (forced == KernelKind::kTiled || !plan.row.ok) {

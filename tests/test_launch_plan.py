@@ -648,8 +648,8 @@ TUNE_ROWS_ERRORS = [
     ((-1, True, 0, 0, True, -1, -2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got -2"),
     ((-1, True, 0, 0, True, -1, -1, 3), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got 3"),
     ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, 3), "polynorm._tune_rows: expected -1 <= stage_rows <= 2, got 3"),
-    ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= stage_rows <= 2, got -2"),
+    ((-1, True, 0, 0, True, -1, -1, -1, 2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got 2"),
+    ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got -2"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

@@ -165,34 +165,11 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
   }
 }
 
-// The staged forward (kAlignedStaged below): the threads' stages, after the cluster slots (C > 1: [2][C G / 32][3]
-// sums) from the next 16-byte boundary ([kPacks][kThreads] packs; launch.cuh sizes them alike), and the copies of
-// this thread's packs of row `r` (row 0 past M, as an inactive group reads) into its stage, ordered after the
-// registers that `after` (a zero) was computed from.
-template <typename acc_t>
-__device__ __forceinline__ Pack* forward_stage(unsigned char* dyn_smem, const RowLane& rl, int C) {
-  return reinterpret_cast<Pack*>(dyn_smem + (C > 1 ? (size_t(2) * (rl.G / 32) * 3 * sizeof(acc_t) + 15) / 16 * 16 : 0));
-}
-template <typename scalar_t, int kPacks, int kThreads>
-__device__ __forceinline__ void stage_forward_row(Pack* stage, const scalar_t* x, int64_t x_row_stride, int64_t r,
-                                                  int64_t M, int64_t H, const RowLane& rl, uint32_t after) {
-  stage_copies<scalar_t, kPacks, kThreads>(stage, 0, x + (r < M ? r : 0) * x_row_stride,
-                                           static_cast<int>((H + PackOf<scalar_t>::kVec - 1) / PackOf<scalar_t>::kVec),
-                                           rl, after);
-  stage_commit();
-}
-
 // Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
 // of C (R = 1).
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-// kAlignedStaged (a bench's A/B, launch_plan.h row_staged with stage_rows = 2): the aligned build of PolyNorm's
-// forward, its rows' packs through the threads' stages a row ahead (packs.cuh, stage_copies), on CTAs of exactly
-// kMaxThreads (128 or 256) threads, rows of whole warps, every slot in the row, a persistent grid; at most 128
-// registers a thread, as the aligned build.
-template <typename scalar_t, int kPacks, int kBuild, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
-__global__ void __launch_bounds__(kMaxThreads, kBuild == kAlignedStaged
-                                                   ? 512 / kMaxThreads
-                                                   : row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kBuild != kAligned))
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
@@ -212,14 +189,9 @@ __global__ void __launch_bounds__(kMaxThreads, kBuild == kAlignedStaged
     RowStagger stagger) {                          // the start in quarters (reduce.cuh; grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  constexpr int kLayout = build_layout(kBuild);
-  constexpr bool kAhead = kBuild == kAlignedStaged;  // the rows staged a row ahead
-  static_assert(!kAhead || (!kMul && !kGrouped && kWholeWarps && (kMaxThreads == 128 || kMaxThreads == 256)),
-                "the staged forward: PolyNorm's, CTAs of 128 or 256, rows of whole warps");
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // Dynamic: the same-phase and realigned builds' stage areas (a warp's: stage_words), then, C > 1, the
-  // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them. kAhead: the cluster slots (C > 1), then, from the
-  // next 16-byte boundary, the threads' stages ([kPacks][kMaxThreads] packs; launch.cuh, staged_forward_smem).
+  // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kSamePhase, rows that start alike in every
@@ -275,12 +247,6 @@ __global__ void __launch_bounds__(kMaxThreads, kBuild == kAlignedStaged
   __shared__ __align__(8) uint64_t cluster_bars[2];  // C > 1: cluster_row_reduce's mbarriers
   if constexpr (!kGrouped) stagger_start(cluster_id, stagger);
   ClusterStart started(C, cluster_bars);  // C > 1: arrived; waited on before the first store into a peer
-  if constexpr (kAhead) {
-    if (cluster_id * R < M) {
-      stage_forward_row<scalar_t, kPacks, kMaxThreads>(forward_stage<acc_t>(dyn_smem, rl, C), x, x_row_stride,
-                                                       cluster_id * R + group, M, H, rl, 0u);
-    }
-  }
   for (int64_t first = cluster_id * R; first < M; first += step, parity ^= 1) {
     const int64_t row = first + group;
     const bool active = row < M;  // inactive groups read row 0 and join the barriers
@@ -292,20 +258,7 @@ __global__ void __launch_bounds__(kMaxThreads, kBuild == kAlignedStaged
     // (issue_row_at) and its chunk after ext.
     int phase = 0, x_start = 0, m_start = 0;
     Pack ext2, m_ext2;
-    if constexpr (kAhead) {
-      // This row's packs from the stage, then the next row's copies into it, ordered after these reads by a
-      // zero that ptxas cannot see through: (every word read) & (H >> 62) (as backward.cuh's staged build).
-      stage_wait();
-      Pack* stage = forward_stage<acc_t>(dyn_smem, rl, C);
-      stage_read<kPacks, kMaxThreads>(buf, stage, 0);
-      uint32_t bits = 0u;
-#pragma unroll
-      for (int i = 0; i < kPacks; ++i) bits |= buf[i].x | buf[i].y | buf[i].z | buf[i].w;
-      if (first + step < M) {
-        stage_forward_row<scalar_t, kPacks, kMaxThreads>(stage, x, x_row_stride, first + step + group, M, H, rl,
-                                                         bits & static_cast<uint32_t>(H >> 62));
-      }
-    } else if constexpr (kOnePhase) {
+    if constexpr (kOnePhase) {
       const scalar_t* phase_row = x_realign ? y + (active ? row : 0) * H : x_row;
       phase = static_cast<int>(reinterpret_cast<uintptr_t>(phase_row) & 15);
       x_start = issue_row_at<scalar_t, kPacks, kGrouped>(buf, ext, ext2, x_row, owned ? H : 0, rl, phase, x_realign);
@@ -366,7 +319,7 @@ __global__ void __launch_bounds__(kMaxThreads, kBuild == kAlignedStaged
       finish_row_at<scalar_t, kPacks>(buf, ext, ext2, x_start, owned ? H : 0, rl, phase, x_realign);
       if constexpr (kMul) finish_row_at<scalar_t, kPacks>(mb, m_ext, m_ext2, m_start, H, rl, phase, m_realign);
       stage_row(stage, buf, ext, rl);
-    } else if constexpr (!kAhead) {
+    } else {
       finish_row<scalar_t, kPacks>(buf, ext, x_row, H, rl, x_realign, kRealign);
       if constexpr (kMul && kLayout == kPackRealigned) finish_row<scalar_t, kPacks>(mb, m_ext, m_row, H, rl, m_realign, true);
     }

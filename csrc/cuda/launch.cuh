@@ -463,28 +463,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if ((layout == kSamePhase || layout == kRealigned) && !smem_fits(build(layout), smem_of(layout))) {
     layout = kPackRealigned;
   }
-  auto kernel = build(layout);
-  size_t smem = smem_of(layout);
-  // A bench's A/B (launch_plan.h, row_staged, _tune_rows(stage_rows=2)): PolyNorm's forward's aligned rows of whole
-  // warps staged a row ahead (forward.cuh, kAlignedStaged) on a persistent grid: the same packs and sums, so the
-  // same bits. The stages follow the cluster slots, from a 16-byte boundary.
-  bool ahead = false;
-  if constexpr (!kMul && kPacks == kRowFwdPacks && sizeof(scalar_t) <= 4) {
-    if (lp.staged && layout == kAligned && !grouped) {
-      TORCH_INTERNAL_ASSERT((row.threads == 128 || row.threads == 256) && int64_t(row.G) * row.cluster >= 32 &&
-                                int64_t(row.G) * row.cluster * kPacks == slot_packs(H, sizeof(scalar_t)),
-                            "polynorm: a staged forward row of ", num(row.cluster), " x ", num(row.threads),
-                            " threads for H = ", num(H));
-      kernel = row.threads == 128 ? &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAlignedStaged, 128, false, false, true>
-                                  : &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAlignedStaged, 256, false, false, true>;
-      smem = (smem + 15) / 16 * 16 + size_t(kPacks) * row.threads * sizeof(Pack);
-      ahead = true;
-      // The most shared memory an SM (call 2 of the thirty-first session: whether the carveout the driver picks
-      // holds the stages of every block that the registers allow; a hint; a bench's A/B, so set on every call).
-      C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                          static_cast<int>(cudaSharedmemCarveoutMaxShared)));
-    }
-  }
+  const auto kernel = build(layout);
   // The realigned build's phase (forward.cuh): x's rows' or y's (launch_plan.h, realign_phase);
   // the flags say which tensors are realigned into or out of it (mul's: `margs.vec_ok`). The
   // kernel takes x's phase unless x's flag is set, so the host's choice and the kernel's agree:
@@ -516,8 +495,9 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   // the fused op's rows of one CTA past 128 threads (v19, h200-2026-12-02f/call2, bf16 at M·H =
   // 2^26, over its floor: 12288 / 16384 1.206 / 1.115 -> 1.127 / 1.089; at 8192, 128 threads,
   // 1.058 on a block per row against 1.077).
-  const bool persistent = ahead || row.cluster > 1 || (kMul && row.G > kRowMinThreads);
+  const bool persistent = row.cluster > 1 || (kMul && row.G > kRowMinThreads);
   const int waves = tuning.grid_waves >= 0 ? tuning.grid_waves : (persistent ? 1 : 0);
+  const size_t smem = smem_of(layout);
   allow_smem(kernel, smem);
   const int64_t grid = row_grid(kernel, row, M, smem, waves);
   launch_row_kernel(kernel, row, grid, smem, stream, x_ptr, x_stride, x_flag, y_ptr, y_flag, rstd,

@@ -515,9 +515,8 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 // aligned build sums them (bench/NOTES.md v28: the backward at a view of x one element in, bf16
 // H = 4096, 0.97 of its add so, 1.06 in the one-phase realigned build); the forward's also serves
 // where the stage does not fit a block, and the narrow builds' aligned rows.
-// kAlignedStaged: the fused backward's aligned rows of clusters (and, a bench's A/B, PolyNorm's forward's aligned
-// rows of whole warps), each thread's packs copied into its own shared-memory stage (stage_copies) a row ahead
-// (launch_plan.h, row_staged).
+// kAlignedStaged: the fused backward's aligned rows of clusters, each thread's packs copied into its own
+// shared-memory stage (stage_copies) a row ahead (launch_plan.h, row_staged).
 // kSamePhaseTail, kRealignedTail: the same-phase and realigned builds of rows whose tail is wider than one element
 // (row_tail below; launch_plan.h, row_tail_plan: the fused backward's odd rows that take fewer lanes so).
 enum RowLayout : int {
@@ -738,9 +737,8 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
   }
 }
 
-// A thread's stage (kAlignedStaged: CTAs of kThreads threads, kStageThreads (launch_plan.h's kRowStageThreads) for the
-// fused backward, 128 or 256 for PolyNorm's forward; rows of whole warps, so a lane's packs are
-// base + 32 i): slot i of tensor t at stage[(t kPacks + i) kThreads + threadIdx.x], so that a warp's 16-byte
+// A thread's stage (kAlignedStaged: CTAs of kStageThreads (launch_plan.h's kRowStageThreads) threads, rows of whole warps, so a lane's packs are
+// base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
 // reads and writes are consecutive and every slot's address a constant offset from the thread's first.
 // stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs:
 // the table stages only rows whose every slot is in the row, launch_plan.h row_staged, so that is defensive);
@@ -748,17 +746,17 @@ __device__ __forceinline__ void store_row_from(scalar_t* row, const Pack (&v)[kP
 // Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
 // to it): no barrier.
 constexpr int kStageThreads = 256;  // = kRowStageThreads (launch_plan.h; static_assert in backward.cuh)
-template <typename scalar_t, int kPacks, int kThreads = kStageThreads>
+template <typename scalar_t, int kPacks>
 __device__ __forceinline__ void stage_copies(Pack* stage, int t, const scalar_t* row, int packs, const RowLane& rl,
                                              uint32_t after) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint64_t src = static_cast<uint64_t>(__cvta_generic_to_global(reinterpret_cast<const Pack*>(row) + rl.base));
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + t * kPacks * kThreads + int(threadIdx.x))) + after;
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + t * kPacks * kStageThreads + int(threadIdx.x))) + after;
   const int left = packs - rl.base;  // slot i is in the row: 32 i < left
 #pragma unroll
   for (int i = 0; i < kPacks; ++i) {
     // Past the row: no byte is read (src-size 0), the slot zero-filled.
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + uint32_t(i * kThreads * 16)),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + uint32_t(i * kStageThreads * 16)),
                  "l"(src + uint64_t(i * 32 * 16)), "r"(32 * i < left ? 16 : 0)
                  : "memory");
   }
@@ -770,10 +768,10 @@ __device__ __forceinline__ void stage_commit() {
 #endif
 }
 // Tensor t's slots of this thread, once its copies have landed (stage_wait).
-template <int kPacks, int kThreads = kStageThreads>
+template <int kPacks>
 __device__ __forceinline__ void stage_read(Pack (&buf)[kPacks], const Pack* stage, int t) {
 #pragma unroll
-  for (int i = 0; i < kPacks; ++i) buf[i] = stage[(t * kPacks + i) * kThreads + int(threadIdx.x)];
+  for (int i = 0; i < kPacks; ++i) buf[i] = stage[(t * kPacks + i) * kStageThreads + int(threadIdx.x)];
 }
 __device__ __forceinline__ void stage_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
