@@ -242,6 +242,30 @@ def test_fused_backward_tail_rows():
         torch.ops.polynorm._tune_rows()
 
 
+def test_narrow_forward_switch_moves_only_polynorm_forward_of_2_byte_whole_packs():
+    # _tune_rows(narrow_forward=True), a bench's A/B (csrc/launch_plan.h, row_packs; bench/tune_rows.py --narrow):
+    # PolyNorm's forward of 2-byte rows of whole packs takes the narrow build's 8 packs a thread (its odd rows'
+    # build); every other op, dtype and row keeps its plan, and _tune_rows() restores the table.
+    sizes = [256, 512, 4096, 3000, 4097, 5125, 32768, 65536, 262144]
+    table = {(op, dtype, H): plan(op, H, dtype) for op in OPS for dtype in FLOAT_DTYPES for H in sizes}
+    try:
+        torch.ops.polynorm._tune_rows(narrow_forward=True)
+        moved = set()
+        for (op, dtype, H), text in table.items():
+            now = plan(op, H, dtype)
+            if op == "forward" and elem_size(dtype) == 2 and H * 2 % 16 == 0:
+                f = fields(now)
+                assert now.startswith("row ") and f["packs"] == 8, (dtype, H, now)
+                assert f["G"] * f["cluster"] * 8 >= H * 2 // 16, (dtype, H, now)  # the row's packs, all held
+                moved.add((dtype, H))
+            else:
+                assert now == text, (op, dtype, H, now, text)
+        assert (torch.bfloat16, 65536) in moved and (torch.float16, 512) in moved, moved
+    finally:
+        torch.ops.polynorm._tune_rows()
+    assert all(plan(op, H, dtype) == text for (op, dtype, H), text in table.items())
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
