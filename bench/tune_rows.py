@@ -24,13 +24,15 @@ of clusters staged a row ahead (1) or not (0) (columns ``*-st<N>``; csrc/launch_
 the backward's dW / dB partials summed by the row kernel's last block (0) or by a kernel of their
 own (1), on the grid that choice takes (columns ``b-a<N>``), and apart on a persistent grid and on a
 block per R rows too (``bw1-a1``, ``bw0-a1``; csrc/launch_plan.h, row_sum_apart). ``--narrow``: PolyNorm's forward of 2-byte rows
-of whole packs at the narrow build's 8 packs a thread (column ``f-n8``; csrc/launch_plan.h, row_packs). ``--no-tail``: the fused
+of whole packs at the narrow build's 8 packs a thread (column ``f-n8``; csrc/launch_plan.h, row_packs). ``--regs N ...``:
+PolyNorm's aligned forward of the wide build (2- and 4-byte dtypes) on a build capped at N registers a thread, 96 or
+80 (columns ``f-r<N>``; csrc/cuda/args.cuh, row_cap_threads), the table's bits. ``--no-tail``: the fused
 backward's odd rows on the plans of before the thirtieth session, a slot for their partial pack, not fewer lanes
 and the elements past their whole packs on the last lane (columns ``*-t0``; csrc/launch_plan.h, row_tail_plan).
 
     python3 bench/tune_rows.py [--op poly_norm_mul] [--dtype bfloat16] [--H 512 4096 ...] [--cta 128 64]
         [--table-only] [--aligned-only] [--no-trim] [--cluster8] [--stagger N ...] [--policy N ...] [--persistent] [--apart N ...]
-        [--stage N ...] [--narrow] [--no-tail]
+        [--stage N ...] [--narrow] [--regs N ...] [--no-tail]
 """
 
 import argparse
@@ -101,6 +103,9 @@ def main() -> None:
     parser.add_argument("--narrow", action="store_true",
                         help="also PolyNorm's forward of 2-byte rows of whole packs on the narrow build (8 packs a thread; "
                         "_tune_rows' narrow_forward): column f-n8, another reduction tree")
+    parser.add_argument("--regs", type=int, nargs="*", default=[], choices=[96, 80],
+                        help="also PolyNorm's aligned forward of the wide build capped at N registers a thread "
+                        "(_tune_rows' forward_regs): columns f-r<N>, the same bits as the table's")
     parser.add_argument("--no-tail", action="store_true",
                         help="also the fused backward's odd rows without their tail plans (_tune_rows' tail_rows=False; "
                         "csrc/launch_plan.h, row_tail_plan): columns *-t0 (the forward's are the table's)")
@@ -122,6 +127,8 @@ def main() -> None:
         bwd_variants[f"{b}-{name}"] = kw
     if args.narrow and not fused:
         fwd_variants["f-n8"] = {"narrow_forward": True}
+    for n in args.regs if not fused else []:
+        fwd_variants[f"f-r{n}"] = {"forward_regs": n}
     for n in args.stagger:
         fwd_variants[f"{f}-s{n}"] = {"stagger": n}
         bwd_variants[f"{b}-s{n}"] = {"stagger": n}
@@ -180,8 +187,9 @@ def main() -> None:
                     err = max(err, worst_error(y, x, weight, bias, mul))
                     if y_ref is None:
                         y_ref = y
-                    elif set(kw) <= {"grid_waves", "stagger", "stage_rows", "cluster_policy"} and not torch.equal(y, y_ref):
-                        err = float("inf")  # the grid, a start's delay or the stages never change a row's bits
+                    elif (set(kw) <= {"grid_waves", "stagger", "stage_rows", "cluster_policy", "forward_regs"}
+                          and not torch.equal(y, y_ref)):
+                        err = float("inf")  # the grid, a start's delay, the stages or a register cap never change a bit
                     cells.append(f"{bench(forward) / t_fwd_floor:.3f}")
                 tune()
                 _, rstd = forward()

@@ -188,6 +188,9 @@ struct RowTuning {
   bool tail_rows;      // the fused backward's odd rows on fewer lanes with a wide tail where that serves (row_tail_plan);
                        // false: never (the plans of before the thirtieth session), a bench's A/B
   bool narrow_forward;  // PolyNorm's forward of 2-byte rows of whole packs at the narrow count (row_packs), a bench's A/B
+  int forward_regs;     // PolyNorm's aligned forward of the wide build (16 packs, 2- and 4-byte dtypes): 0 the table's
+                        // build (128 registers a thread), 96 or 80 a build capped so (csrc/cuda/args.cuh,
+                        // row_cap_threads), a bench's A/B; the plans do not change
 };
 RowTuning row_tuning();
 

@@ -196,6 +196,7 @@ std::atomic<int> g_cluster_policy{-1};
 std::atomic<int> g_stage_rows{-1};
 std::atomic<bool> g_tail_rows{true};
 std::atomic<bool> g_narrow_forward{false};
+std::atomic<int> g_forward_regs{0};
 
 // Bench hook: the row kernels' grid (0 = a block per R rows, k > 0 = at most k blocks per
 // resident slot, -1 = the table's), the same-phase path of misaligned rows, the most threads
@@ -211,11 +212,12 @@ std::atomic<bool> g_narrow_forward{false};
 // build serves; launch_plan.h, row_staged), and whether the fused backward's odd rows take fewer lanes with a wide
 // tail where that serves (true, the table's; false, never: the plans of before the thirtieth session;
 // launch_plan.h, row_tail_plan), and whether PolyNorm's forward of 2-byte rows of whole packs takes the narrow
-// build's count (false, the table's; launch_plan.h, row_packs).
+// build's count (false, the table's; launch_plan.h, row_packs), and the registers a thread of PolyNorm's aligned
+// forward of the wide build (0 = the table's build, 96 or 80 = a build capped so; launch_plan.h, RowTuning).
 // Process-wide; _tune_rows() restores the defaults.
 void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t max_cluster, bool trim_packs,
                int64_t stagger, int64_t sum_apart, int64_t cluster_policy, int64_t stage_rows, bool tail_rows,
-               bool narrow_forward) {
+               bool narrow_forward, int64_t forward_regs) {
   TORCH_CHECK_VALUE(grid_waves >= -1 && grid_waves <= 64, "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got ",
                     num(grid_waves));
   TORCH_CHECK_VALUE(cta_threads == 0 || (cta_threads >= 32 && cta_threads <= kRowMaxThreads && cta_threads % 32 == 0),
@@ -232,6 +234,8 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
                     "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got ", num(cluster_policy));
   TORCH_CHECK_VALUE(stage_rows >= -1 && stage_rows <= 1, "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got ",
                     num(stage_rows));
+  TORCH_CHECK_VALUE(forward_regs == 0 || forward_regs == 80 || forward_regs == 96,
+                    "polynorm._tune_rows: expected forward_regs to be 0, 80 or 96, got ", num(forward_regs));
   // Every check before any store: a rejected call changes nothing.
   g_grid_waves.store(static_cast<int>(grid_waves));
   g_same_phase.store(same_phase);
@@ -244,6 +248,7 @@ void tune_rows(int64_t grid_waves, bool same_phase, int64_t cta_threads, int64_t
   g_stage_rows.store(static_cast<int>(stage_rows));
   g_tail_rows.store(tail_rows);
   g_narrow_forward.store(narrow_forward);
+  g_forward_regs.store(static_cast<int>(forward_regs));
 }
 
 // The plan a CUDA launch would take: "row G=... threads=... packs=... cluster=..." (and, for rows of
@@ -310,7 +315,7 @@ RowTuning row_tuning() {
           g_trim_packs.load(std::memory_order_relaxed), g_stagger.load(std::memory_order_relaxed),
           g_sum_apart.load(std::memory_order_relaxed), g_cluster_policy.load(std::memory_order_relaxed),
           g_stage_rows.load(std::memory_order_relaxed), g_tail_rows.load(std::memory_order_relaxed),
-          g_narrow_forward.load(std::memory_order_relaxed)};
+          g_narrow_forward.load(std::memory_order_relaxed), g_forward_regs.load(std::memory_order_relaxed)};
 }
 
 void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
@@ -345,7 +350,7 @@ TORCH_LIBRARY(polynorm, m) {
   m.def("_force_kernel(str kind) -> ()", &polynorm::force_kernel);
   m.def("_tune_rows(int grid_waves=-1, bool same_phase=True, int cta_threads=0, int max_cluster=0, "
         "bool trim_packs=True, int stagger=-1, int sum_apart=-1, int cluster_policy=-1, int stage_rows=-1, "
-        "bool tail_rows=True, bool narrow_forward=False) -> ()",
+        "bool tail_rows=True, bool narrow_forward=False, int forward_regs=0) -> ()",
         &polynorm::tune_rows);
   // `clusters`: the device launches thread-block clusters (sm_90 and later), as an H200 does.
   m.def("_launch_plan(str op, int H, ScalarType dtype, bool out_misaligned=False, bool clusters=True) -> str",

@@ -401,6 +401,37 @@ def test_staged_rows_change_no_bit(H, M, dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("H,M,dtype", [(65536, 512, torch.bfloat16), (32768, 64, torch.bfloat16),
+                                       (4096, 3000, torch.float16), (16384, 200, torch.float32)])
+@pytest.mark.parametrize("regs", [96, 80])
+def test_capped_forward_changes_no_bit(regs, H, M, dtype):
+    # _tune_rows(forward_regs=96 or 80), a bench's A/B: PolyNorm's aligned forward of the wide build on a build
+    # capped at that many registers a thread (csrc/cuda/forward.cuh, kRegCap; spills where ptxas needs them),
+    # at rows of clusters (bf16 65536 on an H200), of one CTA of 256 (bf16 32768, fp32 16384) and of several rows
+    # a CTA of 128 (fp16 4096). The same code, plans and sums: y and rstd (poisoned first) are the table's bits,
+    # and the capped build meets the float64 oracle through autograd.
+    x, g, w, b, _ = _cuda_rows("capped", "poly_norm", M, H, dtype)
+    ops = torch.ops.polynorm
+    assert "packs=16" in ops._launch_plan("forward", H, dtype), ops._launch_plan("forward", H, dtype)
+
+    def forward():
+        with poisoned_outputs():
+            return ops.forward(x, w, b, 1e-6)
+
+    table = forward()
+    try:
+        ops._tune_rows(forward_regs=regs)
+        capped = forward()
+        _check_cuda_against_oracle(x, g, w, b, None, f"H={H} forward_regs={regs}")
+    finally:
+        ops._tune_rows()
+    for k, (want, got) in enumerate(zip(table, capped)):
+        assert torch.equal(want, got), f"output {k}: the capped build's bits differ from the table's"
+    del x, g, table, capped
+    torch.cuda.empty_cache()
+
+
+@requires_cuda
 @pytest.mark.parametrize("M,H", [(512, 4096), (64, 65536)])
 @pytest.mark.parametrize("apart", [0, 1])
 def test_cuda_graph_capture_of_either_param_sum(apart, M, H):

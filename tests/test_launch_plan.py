@@ -266,6 +266,22 @@ def test_narrow_forward_switch_moves_only_polynorm_forward_of_2_byte_whole_packs
     assert all(plan(op, H, dtype) == text for (op, dtype, H), text in table.items())
 
 
+def test_forward_regs_switch_changes_no_plan():
+    # _tune_rows(forward_regs=96 or 80), a bench's A/B (csrc/cuda/launch.cuh, launch_forward_row;
+    # bench/tune_rows.py --regs): PolyNorm's aligned forward of the wide build on a build capped at that many
+    # registers a thread. The same rows, threads, packs and clusters: no plan of any op changes, so neither do
+    # the sums nor their order (tests/test_kernels.py::test_capped_forward_changes_no_bit, on a GPU).
+    sizes = [256, 512, 4096, 3000, 5125, 32768, 65536, 262144]
+    table = {(op, dtype, H): plan(op, H, dtype) for op in OPS for dtype in FLOAT_DTYPES for H in sizes}
+    assert any(fields(text)["packs"] == 16 for (op, _, _), text in table.items() if op == "forward"), table
+    for regs in (96, 80):
+        try:
+            torch.ops.polynorm._tune_rows(forward_regs=regs)
+            assert all(plan(op, H, dtype) == text for (op, dtype, H), text in table.items()), regs
+        finally:
+            torch.ops.polynorm._tune_rows()
+
+
 @pytest.mark.parametrize("op", OPS)
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("wide", [True, False], ids=["whole-packs", "odd"])
@@ -674,6 +690,10 @@ TUNE_ROWS_ERRORS = [
     ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
     ((-1, True, 0, 0, True, -1, -1, -1, 2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got 2"),
     ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got -2"),
+    ((-1, True, 0, 0, True, -1, -1, -1, -1, True, False, 64),
+     "polynorm._tune_rows: expected forward_regs to be 0, 80 or 96, got 64"),
+    ((-1, True, 0, 0, True, -1, -1, -1, -1, True, False, 128),
+     "polynorm._tune_rows: expected forward_regs to be 0, 80 or 96, got 128"),
 ]
 
 # ---- The fused PolyNorm x mul: its two families, forced --------------------------------------

@@ -168,8 +168,12 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 // Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
 // of C (R = 1).
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
-__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
+// kRegCap (a bench's A/B, _tune_rows(forward_regs)): 0, the table's builds; 96 or 80, the aligned build of
+// PolyNorm's forward capped at that many registers a thread (args.cuh, row_cap_threads): the same code and sums.
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps,
+          int kRegCap = 0>
+__global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThreads,
+                                  kRegCap ? 2 : row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
@@ -189,6 +193,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     RowStagger stagger) {                          // the start in quarters (reduce.cuh; grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
+  static_assert(kRegCap == 0 || (kLayout == kAligned && !kMul && !kGrouped && row_cap_threads(kRegCap) >= kMaxThreads),
+                "a capped build: PolyNorm's aligned forward, on blocks it bounds");
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // Dynamic: the same-phase and realigned builds' stage areas (a warp's: stage_words), then, C > 1, the
   // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.

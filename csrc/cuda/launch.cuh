@@ -463,7 +463,17 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   if ((layout == kSamePhase || layout == kRealigned) && !smem_fits(build(layout), smem_of(layout))) {
     layout = kPackRealigned;
   }
-  const auto kernel = build(layout);
+  auto kernel = build(layout);
+  // A bench's A/B (_tune_rows(forward_regs); launch_plan.h, RowTuning): PolyNorm's aligned rows of the wide build
+  // on a build capped at 96 or 80 registers a thread (forward.cuh, kRegCap): the same code and sums, so the same
+  // bits; more blocks an SM, spills where ptxas needs them. The grid (row_grid) is sized by the capped build.
+  if constexpr (!kMul && kWide && sizeof(scalar_t) <= 4) {
+    if (tuning.forward_regs != 0 && layout == kAligned && !grouped) {
+      kernel = tuning.forward_regs == 96
+                   ? &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, 96>
+                   : &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, 80>;
+    }
+  }
   // The realigned build's phase (forward.cuh): x's rows' or y's (launch_plan.h, realign_phase);
   // the flags say which tensors are realigned into or out of it (mul's: `margs.vec_ok`). The
   // kernel takes x's phase unless x's flag is set, so the host's choice and the kernel's agree:
