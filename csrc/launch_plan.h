@@ -189,8 +189,8 @@ struct RowTuning {
                        // false: never (the plans of before the thirtieth session), a bench's A/B
   bool narrow_forward;  // PolyNorm's forward of 2-byte rows of whole packs at the narrow count (row_packs), a bench's A/B
   int forward_regs;     // PolyNorm's aligned forward of the wide build (16 packs, 2- and 4-byte dtypes): 0 the table's
-                        // build (128 registers a thread), 96 or 80 a build capped so (csrc/cuda/args.cuh,
-                        // row_cap_threads), a bench's A/B; the plans do not change
+                        // build (128 registers a thread, fp32 127), 96 or 80 a build capped so (csrc/cuda/args.cuh,
+                        // row_cap_threads), a bench's A/B; the plans do not change (the grid and stagger do)
 };
 RowTuning row_tuning();
 

@@ -269,8 +269,8 @@ def test_narrow_forward_switch_moves_only_polynorm_forward_of_2_byte_whole_packs
 def test_forward_regs_switch_changes_no_plan():
     # _tune_rows(forward_regs=96 or 80), a bench's A/B (csrc/cuda/launch.cuh, launch_forward_row;
     # bench/tune_rows.py --regs): PolyNorm's aligned forward of the wide build on a build capped at that many
-    # registers a thread. The same rows, threads, packs and clusters: no plan of any op changes, so neither do
-    # the sums nor their order (tests/test_kernels.py::test_capped_forward_changes_no_bit, on a GPU).
+    # registers a thread. The switch is accepted and moves no plan of any op (rows, threads, packs, clusters), which
+    # the bitwise comparison on a GPU relies on (tests/test_kernels.py::test_capped_forward_changes_no_bit).
     sizes = [256, 512, 4096, 3000, 5125, 32768, 65536, 262144]
     table = {(op, dtype, H): plan(op, H, dtype) for op in OPS for dtype in FLOAT_DTYPES for H in sizes}
     assert any(fields(text)["packs"] == 16 for (op, _, _), text in table.items() if op == "forward"), table

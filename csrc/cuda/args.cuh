@@ -102,11 +102,15 @@ constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
 }
 
 // A bench's A/B (_tune_rows(forward_regs); launch_plan.h, RowTuning): PolyNorm's aligned forward of the wide build
-// (16 packs a thread) capped at `regs` registers a thread rather than row_min_blocks' 128, so that more CTAs of 128
-// fit an SM (65536 registers: 4 at 128, 5 at 96, 6 at 80; 3 CTAs of 256 at 80). The cap is given to ptxas as launch
-// bounds of 2 blocks of row_cap_threads(regs) threads, whose bound is 65536 / (2 row_cap_threads) rounded down to 8
-// registers: 96 -> 320 threads -> 96 registers; 80 -> 384 threads -> 80. Blocks of up to 256 threads launch it.
+// (16 packs a thread) capped at `regs` registers a thread rather than row_min_blocks' 128 (127 for fp32), so that
+// more CTAs of 128 fit an SM (65536 registers: 4 at 128, 5 at 96, 6 at 80; 3 CTAs of 256 at 80). The cap is given
+// to ptxas as launch bounds of 2 blocks of row_cap_threads(regs) threads: 65536 registers over their warps, in
+// units of 256 a warp, is 96 a thread for 320 threads and 80 for 384 (not every cap comes out exactly: 104 would
+// give 112, hence the asserts). Blocks of up to 256 threads launch it.
 constexpr int row_cap_threads(int regs) { return 65536 / (2 * regs) / 32 * 32; }
+constexpr int row_cap_regs(int threads) { return 65536 / (2 * threads / 32) / 256 * 256 / 32; }
+static_assert(row_cap_regs(row_cap_threads(96)) == 96 && row_cap_regs(row_cap_threads(80)) == 80,
+              "the launch bounds of the capped builds give ptxas exactly their cap");
 
 }  // namespace
 }  // namespace polynorm

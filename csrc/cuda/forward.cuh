@@ -169,7 +169,8 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
 // of C (R = 1).
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
 // kRegCap (a bench's A/B, _tune_rows(forward_regs)): 0, the table's builds; 96 or 80, the aligned build of
-// PolyNorm's forward capped at that many registers a thread (args.cuh, row_cap_threads): the same code and sums.
+// PolyNorm's forward capped at that many registers a thread (args.cuh, row_cap_threads): the same source and sums
+// (whether ptxas keeps every bit under the other budget is tests/test_kernels.py's, test_capped_forward_changes_no_bit).
 template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps,
           int kRegCap = 0>
 __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThreads,
