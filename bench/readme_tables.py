@@ -1,59 +1,57 @@
 #!/usr/bin/env python3
-"""The README's GPU speed tables, generated from the committed result files they cite.
+"""The README's speed tables, generated from a committed kernel-timing log of bench/ops_timing.py.
 
-Each generated table sits between two marker comments. The opening one names the table's kind
-and its source file (a path from the README's folder), and may add options, space- or
-line-separated:
+    python3 bench/readme_tables.py bench/results/<folder>/ops_timing.log   # rewrite README.md's tables from that log
+    python3 bench/readme_tables.py --check                                 # exit 1 where README.md differs from its log
 
-    <!-- table:KIND source=PATH [key=value ...] -->
+The log (bench/ops_timing.py writes it) starts with comment lines ``# gpu: ...``, ``# torch:``,
+``# triton:``, ``# commit:``, ``# date:`` and ``# command:`` (other ``#`` lines are ignored), then
+one header line and one whitespace-separated row per (op, dtype, M, H, layout)::
 
-    | generated ... |
+    op dtype M H layout fwd_floor_us fwd_cuda fwd_triton bwd_floor_us bwd_cuda bwd_triton
 
-    <!-- /table:KIND -->
+op is ``poly_norm`` or ``poly_norm_mul``; layout ``aligned``, ``odd`` (H * element size not a
+multiple of 16 bytes) or ``view`` (rows that start 2 bytes past a 16-byte boundary); the floors
+are microseconds of a torch op that moves the same bytes in the same run (PolyNorm: a copy
+forward, an add backward; the fused op: an add forward, an add plus a copy backward); each op
+column is the op's time over its floor, ``nan`` where absent. Lines that are neither (a warning
+the run printed) are skipped.
 
-Only the tables whose markers are present are rewritten; the rest of the README is left alone.
-Every cell is copied from the source file as the benchmark wrote it (never recomputed or
-rounded again); a value the file marks missing (``nan``, ``—``) shows as ``—``. Kinds:
+Each table sits between two marker comments in the README, which name the op and the log (a path
+from the README's folder), and may pick the columns::
 
-- ``kernels``: ``bench/ops_timing.py``'s log (the kernels alone, no autograd). One column per H,
-  rows ``cuda forward`` (fwd/x, time / a same-run copy), ``cuda backward`` (bwd/x, over an add),
-  and ``triton forward`` / ``triton backward`` when the log has those columns with numbers.
-  ``shapes=2^26`` (the default) takes the rows at M*H = 2^26, ``shapes=seed`` the seed rows,
-  M = 2048 (ops_timing.py prints them last: the trailing run of rows with M = 2048).
-- ``mul-kernels``: the same for ``bench/ops_timing.py --op poly_norm_mul`` (the fused
-  PolyNorm x mul): mfwd/x over an add, mbwd/x over an add plus a copy, and the Triton twins.
-- ``autograd``: ``bench/bench.py``'s ``summary.md`` (through autograd). One row per shape and
-  mode, one column per provider: its time over the mode's floor. ``providers=a,b,...`` picks
-  and orders the columns (default: every provider, in the file's order); ``rows=TERM,...``
-  picks the rows, in the terms' order, each ``SWEEP[/MxH][:MODE+MODE...]`` (e.g.
-  ``bytes:forward+full``, ``seed/2048x1024:full``); default: every row of every sweep.
-- ``grouped``: ``bench/grouped_timing.py``'s log (grouped PolyNorm, mixture of experts). One
-  row per shape and E: the grouped op's forward and backward ratios to their floors, each over
-  the single-expert kernel's (``/single``), and the loop over experts' forward / backward.
+    <!-- table:poly_norm source=bench/results/<folder>/ops_timing.log -->
+    ...generated...
+    <!-- /table:poly_norm -->
 
-Usage::
-
-    python3 bench/readme_tables.py                 # rewrite README.md's tables in place
-    python3 bench/readme_tables.py --check         # exit 1 with a diff where README.md differs
-    python3 bench/readme_tables.py --readme OTHER.md
+Options, ``key=value`` after ``source``: ``aligned=512,1024,...`` (the first table's H; default
+every power of two from 512 to 262144 in the log) and ``extra=3000:aligned,5125:odd,...`` (the
+second table's rows; default every other bf16 row at M * H = 2^26). What is generated: a line
+naming the op, the GPU, the date, the commit, the software and the commands (the measurement and
+this rebuild), a table of bf16 rows of aligned H at M * H = 2^26, and one of the extra rows; the
+fp16 and fp32 rows stay in the log. Every number is copied from the log as written (never
+recomputed or rounded again); ``nan`` shows as ``—``.
 """
 
 import argparse
 import difflib
+import os
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+COLUMNS = ["op", "dtype", "M", "H", "layout", "fwd_floor_us", "fwd_cuda", "fwd_triton", "bwd_floor_us", "bwd_cuda",
+           "bwd_triton"]  # fmt: skip
+META = ("gpu", "torch", "triton", "commit", "date", "command")
+OPS = ("poly_norm", "poly_norm_mul")
+LAYOUTS = ("aligned", "odd", "view")
+ELEMENTS = 2**26  # M * H of the tables' rows
+ALIGNED_H = [2**k for k in range(9, 19)]  # 512 ... 262144
 MISSING = "—"
-SEED_M = 2048  # the seed benchmark's rows (bench.py's SEED_M)
-# The rows of a kernels table: (label, the ops_timing.py column it copies).
-KERNEL_ROWS = {
-    "kernels": [("cuda forward", "fwd/x"), ("cuda backward", "bwd/x"),
-                ("triton forward", "trfwd/x"), ("triton backward", "trbwd/x")],
-    "mul-kernels": [("cuda forward", "mfwd/x"), ("cuda backward", "mbwd/x"),
-                    ("triton forward", "trmfwd/x"), ("triton backward", "trmbwd/x")],
-}  # fmt: skip
+# Each op's floors: what moves the same bytes as its forward and its backward.
+FLOORS = {"poly_norm": ("copy", "add"), "poly_norm_mul": ("add", "add + copy")}
+NAMES = {"poly_norm": "PolyNorm", "poly_norm_mul": "Fused PolyNorm x mul"}
 MARKER = re.compile(
     r"^(?P<indent>[ \t]*)<!-- table:(?P<kind>[\w-]+)(?P<options>[^>]*?) -->\n"
     r"(?P<body>.*?)^(?P=indent)<!-- /table:(?P=kind) -->$",
@@ -69,200 +67,126 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def _shown(cell: str) -> str:
-    return MISSING if cell in ("nan", "-", MISSING) else cell
+def parse_log(text: str) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """bench/ops_timing.py's log: ({key: value} of its ``# key: value`` lines, [{column: cell}] of its rows).
 
-
-def markdown_row(cells: list[str]) -> str:
-    return "| " + " | ".join(cells) + " |"
+    Raises ValueError on a missing metadata line or header, a second header, a row of the wrong
+    width or with a cell out of place (an unknown layout, a ratio that is not a number), or no rows."""
+    meta, head, rows = {}, None, []
+    for number, line in enumerate(text.splitlines(), 1):
+        cells = line.split()
+        if not cells:
+            continue
+        if cells[0].startswith("#"):
+            key, colon, value = line.lstrip("# \t").partition(":")
+            if colon and key.strip() in META and key.strip() not in meta:
+                meta[key.strip()] = value.strip()
+            continue
+        if cells[0] == "op":
+            if head is not None:
+                raise ValueError(f"ops_timing log: expected one header line, got a second at line {number}")
+            if cells != COLUMNS:
+                raise ValueError(f"ops_timing log: expected the header {' '.join(COLUMNS)}, got {line.strip()!r}")
+            head = cells
+        elif cells[0] in OPS:
+            if head is None:
+                raise ValueError(f"ops_timing log: expected the header line before the row at line {number}")
+            if len(cells) != len(COLUMNS):
+                raise ValueError(f"ops_timing log: expected {len(COLUMNS)} cells at line {number}, got {len(cells)}")
+            row = dict(zip(COLUMNS, cells))
+            if row["layout"] not in LAYOUTS or not all(map(_is_number, cells[2:4] + cells[5:])):
+                raise ValueError(f"ops_timing log: expected M, H, a layout among {LAYOUTS} and numbers at line "
+                                 f"{number}, got {line.strip()!r}")  # fmt: skip
+            rows.append(row)
+    missing = [key for key in META if key not in meta]
+    if missing:
+        raise ValueError(f"ops_timing log: expected lines '# KEY: value' for {', '.join(missing)}, found none")
+    if not rows:
+        raise ValueError("ops_timing log: expected a header line starting with 'op' and rows, found none")
+    return meta, rows
 
 
 def markdown_table(head: list[str], rows: list[list[str]]) -> list[str]:
-    return [markdown_row(head), "|" + "---|" * len(head), *map(markdown_row, rows)]
+    line = lambda cells: "| " + " | ".join(cells) + " |"  # noqa: E731
+    return [line(head), "|" + "---|" * len(head), *map(line, rows)]
 
 
-# Parsers: each takes a result file's text and returns its rows, cells as the file has them.
+def _shown(cell: str) -> str:
+    return MISSING if cell == "nan" else cell
 
 
-def parse_ops_timing(text: str) -> list[dict[str, str]]:
-    """bench/ops_timing.py's log (either --op): one dict per data line, {column: cell}.
-
-    The header line starts with ``M``; data lines are all numbers (``nan`` included); ``#``
-    lines and any other text (warnings) are skipped. Raises ValueError on a second header, a
-    data line of the wrong width, or no data."""
-    head, rows = None, []
-    for number, line in enumerate(text.splitlines(), 1):
-        cells = line.split()
-        if not cells or cells[0].startswith("#"):
-            continue
-        if cells[0] == "M":
-            if head is not None:
-                raise ValueError(f"ops_timing log: expected one header line, got a second at line {number}")
-            head = cells
-        elif head is not None and all(map(_is_number, cells)):
-            if len(cells) != len(head):
-                raise ValueError(f"ops_timing log: expected {len(head)} cells at line {number}, got {len(cells)}")
-            rows.append(dict(zip(head, cells)))
-    if not rows:
-        raise ValueError("ops_timing log: expected a header line starting with M and data lines, found none")
-    return rows
+def _cells(op: str, rows: list[dict[str, str]]) -> list[list[str]]:
+    fwd_floor, bwd_floor = FLOORS[op]
+    return [
+        [f"CUDA forward / {fwd_floor}", *(_shown(r["fwd_cuda"]) for r in rows)],
+        [f"Triton forward / {fwd_floor}", *(_shown(r["fwd_triton"]) for r in rows)],
+        [f"CUDA backward / {bwd_floor}", *(_shown(r["bwd_cuda"]) for r in rows)],
+        [f"Triton backward / {bwd_floor}", *(_shown(r["bwd_triton"]) for r in rows)],
+    ]
 
 
-def markdown_tables(text: str) -> list[tuple[str, list[list[str]]]]:
-    """Every markdown table in text as (the last ``#`` heading above it, its rows of cells,
-    the header first, the ``|---|`` line dropped)."""
-    tables, heading, current = [], "", None
-    for line in text.splitlines():
-        line = line.strip()
-        if line.startswith("|") and line.endswith("|"):
-            cells = [cell.strip() for cell in line[1:-1].split("|")]
-            if current is None:
-                current = []
-                tables.append((heading, current))
-            if not all(set(cell) <= set("-:") for cell in cells):
-                current.append(cells)
-            continue
-        current = None
-        if line.startswith("#"):
-            heading = line
-    return tables
+def _h_list(option: str, value: str) -> list[int]:
+    try:
+        return [int(h) for h in value.split(",")]
+    except ValueError:
+        raise ValueError(f"expected {option}=H,H,... (integers), got {option}={value}") from None
 
 
-def parse_bench_summary(text: str) -> list[dict]:
-    """bench/bench.py's summary.md: one dict per row of each ``## sweep `NAME``` table,
-    {sweep, M, H, mode, ratios: {provider: time / floor}} (the ms in brackets dropped)."""
-    rows = []
-    for heading, (head, *lines) in markdown_tables(text):
-        sweep = re.match(r"## sweep `([^`]+)`", heading)
-        if not sweep:
-            continue  # the memory table
-        providers = {i: name[: -len(" × (ms)")] for i, name in enumerate(head) if name.endswith(" × (ms)")}
-        for cells in lines:
-            row = dict(zip(head, cells))
-            ratios = {name: cells[i].split()[0] for i, name in providers.items()}
-            rows.append({"sweep": sweep.group(1), "M": row["M"], "H": row["H"], "mode": row["mode"], "ratios": ratios})
-    if not rows:
-        raise ValueError("bench summary: expected tables under '## sweep `NAME`' headings, found none")
-    return rows
-
-
-def parse_grouped_timing(text: str) -> list[dict]:
-    """bench/grouped_timing.py's log: one dict per row of its table, {M, H, E, dir, single,
-    ratio: {provider: its time / floor}, vs_single: {provider: that over single's}, ok}."""
-    tables = [rows for _, rows in markdown_tables(text) if rows[0][:5] == ["M", "H", "E", "empty", "dir"]]
-    if len(tables) != 1:
-        raise ValueError(f"grouped_timing log: expected one table headed M | H | E | empty | dir, got {len(tables)}")
-    head, *lines = tables[0]
-    # After "single x": pairs of "<provider> x" and "/single", then "ok".
-    providers = [(i, name[:-2]) for i, name in enumerate(head) if name.endswith(" x") and name != "single x"]
-    rows = []
-    for cells in lines:
-        row = dict(zip(head, cells))
-        rows.append({
-            "M": row["M"], "H": row["H"], "E": row["E"], "dir": row["dir"], "single": row["single x"],
-            "ratio": {name: cells[i] for i, name in providers},
-            "vs_single": {name: cells[i + 1] for i, name in providers},
-            "ok": row["ok"],
-        })  # fmt: skip
-    return rows
-
-
-# Tables: each takes the source file's text and the marker's options, returns markdown lines.
-
-
-def kernels_table(kind: str, text: str, shapes: str = "2^26") -> list[str]:
-    rows = parse_ops_timing(text)
-    seed_start = len(rows)
-    while seed_start and int(rows[seed_start - 1]["M"]) == SEED_M:
-        seed_start -= 1
-    if shapes == "seed":
-        rows = rows[seed_start:]
-    elif shapes == "2^26":
-        rows = [r for r in rows[:seed_start] if int(r["M"]) == 2**26 // int(r["H"])]
+def op_tables(op: str, text: str, source: str, aligned: str = "", extra: str = "") -> list[str]:
+    """The markdown lines for one op: the heading line, the aligned table, the extra table, the pointer."""
+    meta, rows = parse_log(text)
+    table_rows = [r for r in rows if r["op"] == op and r["dtype"] == "bfloat16" and int(r["M"]) == ELEMENTS // int(r["H"])]
+    if not table_rows:
+        raise ValueError(f"table:{op}: the source has no bfloat16 rows of {op} at M * H = 2^26")
+    by_key = {(int(r["H"]), r["layout"]): r for r in table_rows}
+    if aligned:
+        wanted = _h_list("aligned", aligned)
+        absent = [H for H in wanted if (H, "aligned") not in by_key]
+        if absent:
+            raise ValueError(f"table:{op}: aligned={aligned} names H without an aligned bfloat16 row: {absent}")
     else:
-        raise ValueError(f"table:{kind}: expected shapes=2^26 or shapes=seed, got shapes={shapes}")
-    if not rows:
-        raise ValueError(f"table:{kind}: the source has no rows for shapes={shapes}")
-    lines = []
-    for label, column in KERNEL_ROWS[kind]:
-        cells = [r.get(column, "nan") for r in rows]
-        if label.startswith("cuda") and column not in rows[0]:
-            raise ValueError(f"table:{kind}: expected a {column} column in the source, got {list(rows[0])}")
-        if any(cell != "nan" for cell in cells):  # the Triton rows only where the log has them
-            lines.append([label, *map(_shown, cells)])
-    return markdown_table(["H", *(r["H"] for r in rows)], lines)
+        wanted = [H for H in ALIGNED_H if (H, "aligned") in by_key]
+        if not wanted:
+            raise ValueError(f"table:{op}: the source has no aligned bfloat16 row at H = 512 ... 262144")
+    first = [by_key[(H, "aligned")] for H in wanted]
+    if extra:
+        keys = []
+        for term in extra.split(","):
+            H, colon, layout = term.partition(":")
+            if not (colon and H.isdigit() and layout in LAYOUTS):
+                raise ValueError(f"table:{op}: expected extra=H:LAYOUT,... with a layout among {LAYOUTS}, got {term!r}")
+            if (int(H), layout) not in by_key:
+                raise ValueError(f"table:{op}: extra={extra} names {term}, which has no bfloat16 row at M * H = 2^26")
+            keys.append((int(H), layout))
+    else:
+        shown = set((H, "aligned") for H in wanted)
+        keys = [(int(r["H"]), r["layout"]) for r in table_rows if (int(r["H"]), r["layout"]) not in shown]
+    others = sorted({r["dtype"] for r in rows if r["op"] == op} - {"bfloat16"})
+    in_log = f" ({' and '.join(others)} rows: in the log)" if others else ""
+    lines = [
+        f"{NAMES[op]} on {meta['gpu']}, {meta['date']}, commit {meta['commit']}, torch {meta['torch']}, triton "
+        f"{meta['triton']}: bf16 at M·H = 2^26{in_log}. Measured by `{meta['command']}`; rebuilt by "
+        f"`python3 bench/readme_tables.py {source}`.",
+        "",
+        *markdown_table(["H", *map(str, wanted)], _cells(op, first)),
+    ]
+    if keys:
+        second = [by_key[key] for key in keys]
+        head = [str(H) if layout == "aligned" else f"{H} {layout}" for H, layout in keys]
+        lines += ["", *markdown_table(["H", *head], _cells(op, second))]
+    return lines
 
 
-def _row_terms(rows: str) -> list[tuple[str, str | None, set[str] | None]]:
-    """``SWEEP[/MxH][:MODE+MODE]`` terms as (sweep, "MxH" or None, modes or None)."""
-    terms = []
-    for term in rows.split(","):
-        match = re.fullmatch(r"([\w-]+)(?:/(\d+x\d+))?(?::([\w+]+))?", term)
-        if not match:
-            raise ValueError(f"table:autograd: expected rows terms SWEEP[/MxH][:MODE+MODE], got {term!r}")
-        sweep, shape, modes = match.groups()
-        terms.append((sweep, shape, set(modes.split("+")) if modes else None))
-    return terms
-
-
-def autograd_table(text: str, providers: str = "", rows: str = "") -> list[str]:
-    parsed = parse_bench_summary(text)
-    available = list(parsed[0]["ratios"])
-    names = providers.split(",") if providers else available
-    for name in names:
-        if name not in available:
-            raise ValueError(f"table:autograd: expected providers among {available}, got {name!r}")
-    chosen = []
-    for sweep, shape, modes in _row_terms(rows) if rows else [(None, None, None)]:
-        matched = [
-            r for r in parsed
-            if sweep in (None, r["sweep"]) and shape in (None, f"{r['M']}x{r['H']}") and (modes is None or r["mode"] in modes)
-        ]  # fmt: skip
-        if not matched:
-            raise ValueError(f"table:autograd: the rows term {sweep}/{shape}:{modes} matches no row of the source")
-        chosen += [r for r in matched if r not in chosen]
-    lines = [[f"{r['M']} x {r['H']}", r["mode"], *(_shown(r["ratios"][name]) for name in names)] for r in chosen]
-    return markdown_table(["M x H", "mode", *names], lines)
-
-
-def grouped_table(text: str) -> list[str]:
-    by_case = {}
-    for r in parse_grouped_timing(text):
-        by_case.setdefault((r["M"], r["H"], r["E"]), {})[r["dir"]] = r
-    lines = []
-    for (M, H, E), by_dir in by_case.items():
-        fwd, bwd = by_dir["forward"], by_dir["backward"]
-        if "grouped" not in fwd["ratio"]:
-            raise ValueError(f"table:grouped: expected a 'grouped x' column, got {list(fwd['ratio'])}")
-        lines.append([
-            f"{M} x {H}", E, fwd["ratio"]["grouped"], fwd["vs_single"]["grouped"],
-            bwd["ratio"]["grouped"], bwd["vs_single"]["grouped"],
-            f"{_shown(fwd['ratio'].get('loop', '-'))} / {_shown(bwd['ratio'].get('loop', '-'))}",
-        ])  # fmt: skip
-    head = ["M x H", "E", "grouped forward", "/ single-expert", "grouped backward", "/ single-expert",
-            "loop over experts, forward / backward"]  # fmt: skip
-    return markdown_table(head, lines)
-
-
-# kind: (the function that makes its table from the source's text, the options it takes).
-TABLES = {
-    "kernels": (lambda text, **options: kernels_table("kernels", text, **options), {"shapes"}),
-    "mul-kernels": (lambda text, **options: kernels_table("mul-kernels", text, **options), {"shapes"}),
-    "autograd": (autograd_table, {"providers", "rows"}),
-    "grouped": (grouped_table, set()),
-}
-
-
-def render(kind: str, options: str, root: Path) -> list[str]:
-    """The markdown lines of one marker's table: its kind, its options string, read from root."""
-    if kind not in TABLES:
-        raise ValueError(f"table:{kind}: expected a kind among {sorted(TABLES)}")
-    make, known = TABLES[kind]
+def render(kind: str, options: str, root: Path) -> tuple[str, list[str]]:
+    """One marker's (source, markdown lines): its op, its options string, files read from root."""
+    if kind not in OPS:
+        raise ValueError(f"table:{kind}: expected a kind among {list(OPS)}")
     pairs = {}
     for option in options.split():
         key, is_pair, value = option.partition("=")
-        if not is_pair or key not in known | {"source"}:
-            raise ValueError(f"table:{kind}: expected options source=PATH and {sorted(known)} as key=value, got {option!r}")
+        if not is_pair or key not in ("source", "aligned", "extra"):
+            raise ValueError(f"table:{kind}: expected options source=PATH, aligned=... and extra=... as key=value, "
+                             f"got {option!r}")  # fmt: skip
         pairs[key] = value
     source = pairs.pop("source", None)
     if source is None:
@@ -270,18 +194,22 @@ def render(kind: str, options: str, root: Path) -> list[str]:
     path = root / source
     if not path.is_file():
         raise ValueError(f"table:{kind}: source={source} is not a file under {root}")
-    return make(path.read_text(), **pairs)
+    return source, op_tables(kind, path.read_text(), source, **pairs)
 
 
-def regenerate(readme: str, root: Path = ROOT) -> str:
-    """readme with every marked table rewritten from its source (paths relative to root)."""
+def regenerate(readme: str, root: Path = ROOT, source: str | None = None) -> str:
+    """readme with every marked table rewritten from its source (paths relative to root), or from
+    ``source`` for every marker when given (the markers then name it)."""
 
     def replace(match: re.Match) -> str:
-        indent, kind = match["indent"], match["kind"]
+        indent, kind, options = match["indent"], match["kind"], match["options"]
         if "<!-- table:" in match["body"]:
             raise ValueError(f"table:{kind}: expected <!-- /table:{kind} --> before the next table marker")
-        table = "\n".join(indent + line for line in render(kind, match["options"], root))
-        return f"{indent}<!-- table:{kind}{match['options']} -->\n\n{table}\n\n{indent}<!-- /table:{kind} -->"
+        if source is not None:
+            options = re.sub(r"source=\S+", "source=" + source, options) if "source=" in options else f" source={source}{options}"
+        _, lines = render(kind, options, root)
+        body = "\n".join((indent + line).rstrip() for line in lines)
+        return f"{indent}<!-- table:{kind}{options} -->\n\n{body}\n\n{indent}<!-- /table:{kind} -->"
 
     opened = len(re.findall(r"<!-- table:", readme))
     new, closed = MARKER.subn(replace, readme)
@@ -292,23 +220,28 @@ def regenerate(readme: str, root: Path = ROOT) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", nargs="?", type=Path, help="the ops_timing.py log to rewrite every table from")
     parser.add_argument("--readme", type=Path, default=ROOT / "README.md", help="the file to update (default: README.md)")
-    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table differs from its source")
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table differs from its log")
     args = parser.parse_args(argv)
+    if args.check and args.log is not None:
+        parser.error("--check reads the logs the README names; give no log")
     old = args.readme.read_text()
+    root = args.readme.resolve().parent
+    source = None if args.log is None else Path(os.path.relpath(args.log.resolve(), root)).as_posix()
     try:
-        new = regenerate(old, args.readme.resolve().parent)
+        new = regenerate(old, root, source)
     except ValueError as error:
         print(f"readme_tables: {error}", file=sys.stderr)
         return 2
     tables = len(MARKER.findall(old))
     if args.check:
         if new == old:
-            print(f"readme_tables: {args.readme}'s {tables} tables match their sources")
+            print(f"readme_tables: {args.readme}'s {tables} tables match their logs")
             return 0
-        diff = difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(args.readme), "generated")
-        sys.stdout.writelines(diff)
-        print(f"readme_tables: {args.readme} differs from its sources; run python3 bench/readme_tables.py", file=sys.stderr)
+        sys.stdout.writelines(difflib.unified_diff(old.splitlines(True), new.splitlines(True), str(args.readme), "generated"))
+        print(f"readme_tables: {args.readme} differs from its logs; rebuild it with python3 bench/readme_tables.py LOG",
+              file=sys.stderr)  # fmt: skip
         return 1
     args.readme.write_text(new)
     print(f"readme_tables: wrote {tables} tables to {args.readme}")

@@ -1,6 +1,5 @@
-"""The README's GPU speed tables are what their committed result files give (bench/readme_tables.py,
-issues 13-15), and the script's parsers read each benchmark's output format: inline samples
-written as bench/ops_timing.py, bench/bench.py and bench/grouped_timing.py print them."""
+"""The README's speed tables are what their committed log gives (bench/readme_tables.py), and the
+script reads bench/ops_timing.py's format: an inline sample log, as that script writes it."""
 
 import importlib.util
 import re
@@ -15,93 +14,54 @@ _spec = importlib.util.spec_from_file_location("readme_tables", ROOT / "bench" /
 readme_tables = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(readme_tables)
 
-# bench/ops_timing.py (--op poly_norm): M*H = 2^26 rows (2048 x 32768 among them), then the
-# seed rows (M = 2048, 2048 x 32768 again); a stray warning line; one Triton cell nan.
-OPS_TIMING = """\
-# NVIDIA H200, torch 2.11.0+cu130, bfloat16
-      M      H    copy  fwd/x trfwd/x     add  bwd/x trbwd/x
- 131072    512    68.5   1.08    1.28    98.7   1.10    1.59
-UserWarning: something the logger printed
-   2048  32768    68.2   1.22    1.20    98.0   1.59    1.68
-  22369   3000    70.7   1.25     nan    97.9   1.20    2.29
-   2048   1024     6.5   1.37    3.57     8.6   1.51    4.88
-   2048  32768    68.5   1.21    1.19    97.4   1.60    1.69
+# bench/ops_timing.py's log: metadata, an extra comment, both ops in bf16 (aligned at M*H = 2^26,
+# odd, a view, a seed row of M = 2048 that is not 2^26), PolyNorm in fp16, a stray warning line,
+# Triton absent (nan) in places.
+HEAD = """\
+# gpu: NVIDIA H100 80GB HBM3
+# torch: 2.11.0+cu130
+# triton: 3.6.0
+# commit: 1a2b3c4
+# date: 2026-12-07
+# command: python3 bench/ops_timing.py --dtype bfloat16
+# timing: do_bench median, warmup 25 ms, rep 100 ms
+op dtype M H layout fwd_floor_us fwd_cuda fwd_triton bwd_floor_us bwd_cuda bwd_triton
 """
-# The same script before the Triton columns existed (bench/results/h200-2026-11-29/ops_timing_v1.log).
-OPS_TIMING_V1 = """\
-      M      H     copy      fwd  fwd/x      add      bwd  bwd/x
- 131072    512     67.8     80.4   1.19     98.8    169.7   1.72
-  65536   1024     68.1     81.0   1.19     98.2    179.3   1.83
+ROWS = """\
+poly_norm bfloat16 131072 512 aligned 91.20 1.031 1.210 130.51 1.062 1.480
+poly_norm bfloat16 16384 4096 aligned 91.05 1.012 1.060 130.22 1.044 1.370
+poly_norm bfloat16 256 262144 aligned 91.40 1.140 nan 130.80 1.190 nan
+poly_norm bfloat16 22369 3000 aligned 93.10 1.020 1.400 131.00 1.090 2.200
+poly_norm bfloat16 13094 5125 odd 93.30 1.080 2.100 131.20 1.130 3.000
+UserWarning: something the run printed
+poly_norm bfloat16 16384 4096 view 140.10 0.690 0.950 145.00 1.050 1.600
+poly_norm bfloat16 2048 4096 aligned 12.10 1.160 3.500 17.90 1.300 4.500
+poly_norm float16 16384 4096 aligned 91.10 1.015 1.061 130.30 1.046 1.371
+poly_norm_mul bfloat16 16384 4096 aligned 130.22 1.030 1.040 220.10 1.070 1.290
+poly_norm_mul bfloat16 13094 5125 odd 131.20 1.080 nan 222.00 1.120 nan
+# wall: 61 s
 """
-# bench/ops_timing.py --op poly_norm_mul, without the Triton ops registered (nan).
-OPS_TIMING_MUL = """\
-      M      H     add mfwd/x trmfwd/x add+copy mbwd/x trmbwd/x
- 131072    512    99.0   1.09      nan    168.2   1.04      nan
-   4095  16385    98.7   2.15      nan    170.2   5.35      nan
-"""
-# bench/bench.py's summary.md: two sweeps (16384 x 4096 in both), a missing cell, the memory table.
-BENCH_SUMMARY = """\
-# polynorm benchmark
-
-- floors, same run, same bytes: forward = copy; backward = add; full = their sum
-
-## sweep `seed` (M=2048, bfloat16, x = H)
-
-| M | H | mode | floor ms | floor GB/s | polynorm_cuda × (ms) | liger × (ms) | polynorm_cuda_graph × (ms) | polynorm_cuda GB/s |
-|---|---|---|---|---|---|---|---|---|
-| 2048 | 1024 | forward | 0.0070 | 1192 | 1.25 (0.0088) | 7.52 (0.0529) | 1.29 (0.0091) | 957 |
-| 2048 | 1024 | backward | 0.0079 | 1586 | 9.44 (0.0749) | 15.34 (0.1217) | — | 168 |
-| 2048 | 1024 | full | 0.0150 | 1400 | 10.88 (0.1629) | 18.44 (0.2762) | 1.16 (0.0173) | 129 |
-
-## sweep `bytes` (M*H=67108864, bfloat16, x = H)
-
-| M | H | mode | floor ms | floor GB/s | polynorm_cuda × (ms) | liger × (ms) | polynorm_cuda_graph × (ms) | polynorm_cuda GB/s |
-|---|---|---|---|---|---|---|---|---|
-| 16384 | 4096 | forward | 0.0684 | 3922 | 1.15 (0.0784) | 1.38 (0.0946) | 1.16 (0.0791) | 3423 |
-| 16384 | 4096 | full | 0.1668 | 4023 | 1.13 (0.1890) | 3.67 (0.6123) | 1.13 (0.1883) | 3550 |
-
-## sweep `tokens` (H=4096, bfloat16, x = M)
-
-| M | H | mode | floor ms | floor GB/s | polynorm_cuda × (ms) | liger × (ms) | polynorm_cuda_graph × (ms) | polynorm_cuda GB/s |
-|---|---|---|---|---|---|---|---|---|
-| 16384 | 4096 | full | 0.1665 | 4031 | 1.14 (0.1892) | 2.46 (0.4102) | 1.13 (0.1882) | 3547 |
-
-## Peak extra memory of one full pass (forward + backward), MiB
-
-| sweep | M | H | one tensor | polynorm_cuda | liger |
-|---|---|---|---|---|---|
-| seed | 2048 | 1024 | 4 | 8 | 8 |
-"""
-# bench/grouped_timing.py's log, loop_triton skipped.
-GROUPED_TIMING = """\
-grouped_timing on NVIDIA H200: torch 2.11.0+cu130, triton 3.6.0, bf16, eps 1e-06
-M=65536 H=1024 E=8: 6 timings
-| M | H | E | empty | dir | floor us | single x | grouped x | /single | grouped_triton x | /single | loop x | /single | ok |
-|---|---|---|---|---|---|---|---|---|---|---|---|---|---|
-| 65536 | 1024 | 8 | 1 | forward | 69.1 | 1.10 | 1.14 | 1.03 | 1.54 | 1.40 | 1.53 | 1.39 | yes |
-| 65536 | 1024 | 8 | 1 | backward | 98.5 | 1.10 | 1.33 | 1.21 | 1.88 | 1.71 | 1.58 | 1.44 | NO |
-skipped loop_triton: AttributeError: no op
-wrote /root/out/grouped_timing.json
-"""
+LOG = HEAD + ROWS
+RUN = (
+    "on NVIDIA H100 80GB HBM3, 2026-12-07, commit 1a2b3c4, torch 2.11.0+cu130, triton 3.6.0: bf16 at M·H = 2^26{}. "
+    "Measured by `python3 bench/ops_timing.py --dtype bfloat16`; rebuilt by `python3 bench/readme_tables.py o.log`."
+)
 
 
-def _regenerate(tmp_path: Path, readme: str, files: dict[str, str]) -> str:
-    for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    return readme_tables.regenerate(readme, tmp_path)
+def _regenerate(tmp_path: Path, readme: str, log: str = LOG, source=None) -> str:
+    (tmp_path / "o.log").write_text(log)
+    return readme_tables.regenerate(readme, tmp_path, source)
 
 
-# The README itself, against the committed files its markers name.
+# The README itself, against the committed log its markers name.
 
 
-def test_readme_tables_match_their_committed_sources():
+def test_readme_tables_match_their_committed_log():
     readme = (ROOT / "README.md").read_text()
     markers = re.findall(r"<!-- table:([\w-]+)\s+source=(\S+)", readme)
-    # The tables under "Status on the GPU" are generated: at least the kernel-only and the
-    # through-autograd tables, from files that are committed.
-    assert {"kernels", "autograd"} <= {kind for kind, _ in markers}, markers
+    assert sorted(kind for kind, _ in markers) == ["poly_norm", "poly_norm_mul"], markers
     for _, source in markers:
-        assert (ROOT / source).is_file(), source
+        assert (ROOT / source).is_file(), f"the README's tables name {source}, which is not a file"
         if (ROOT / ".git").exists():  # a checkout (the GPU machine gets a copy of the tree, no .git)
             tracked = subprocess.run(["git", "ls-files", "--error-unmatch", source], cwd=ROOT, capture_output=True)
             assert tracked.returncode == 0, f"{source} is not committed"
@@ -109,149 +69,117 @@ def test_readme_tables_match_their_committed_sources():
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
 
 
-def test_check_fails_on_a_changed_number(tmp_path):
-    # A README whose table disagrees with its source makes --check exit 1 (and the test above fail).
-    readme = (ROOT / "README.md").read_text()
-    marker = re.search(r"<!-- table:kernels[^>]*-->\n\n.*?\n(  \| cuda forward \| )([\d.]+)", readme, flags=re.S)
-    changed = readme[: marker.start(2)] + "9.99" + readme[marker.end(2) :]
-    # The sources are read relative to the README's folder: a copy beside the real bench/.
-    (tmp_path / "bench").symlink_to(ROOT / "bench")
-    (tmp_path / "README.md").write_text(changed)
+def test_check_fails_on_a_changed_number_and_a_log_rewrites(tmp_path):
     script = str(ROOT / "bench" / "readme_tables.py")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "new.log").write_text(LOG)
+    readme = "# T\n\n<!-- table:poly_norm source=old.log -->\n\nstale\n\n<!-- /table:poly_norm -->\n"
+    (tmp_path / "README.md").write_text(readme)
+    # A log on the command line: every table from it, the markers then name it (from the README's folder).
+    rebuild = [sys.executable, script, "--readme", str(tmp_path / "README.md"), str(tmp_path / "results" / "new.log")]
+    assert subprocess.run(rebuild, capture_output=True, cwd=tmp_path).returncode == 0
+    written = (tmp_path / "README.md").read_text()
+    assert "<!-- table:poly_norm source=results/new.log -->" in written and "stale" not in written
     check = [sys.executable, script, "--check", "--readme", str(tmp_path / "README.md")]
+    assert subprocess.run(check, capture_output=True).returncode == 0
+    # A number that disagrees with the log: --check exits 1 with the diff.
+    (tmp_path / "README.md").write_text(written.replace("| 1.031 |", "| 9.99 |", 1))
     done = subprocess.run(check, capture_output=True, text=True)
     assert done.returncode == 1, done.stdout + done.stderr
-    assert "-  | cuda forward | 9.99" in done.stdout
-    # Without --check it rewrites the table in place, and then the check holds.
-    assert subprocess.run([sys.executable, script, "--readme", str(tmp_path / "README.md")], capture_output=True).returncode == 0
-    assert (tmp_path / "README.md").read_text() == readme
+    assert "-| CUDA forward / copy | 9.99 |" in done.stdout
+    # A log named by a marker that is not there: exit 2, naming it.
+    (tmp_path / "README.md").write_text(readme)
+    done = subprocess.run(check, capture_output=True, text=True)
+    assert done.returncode == 2 and "source=old.log is not a file" in done.stderr, done.stderr
 
 
-# The parsers, on inline samples of each format.
+# The parser.
 
 
-def test_parse_ops_timing():
-    rows = readme_tables.parse_ops_timing(OPS_TIMING)
-    shapes = [(r["M"], r["H"]) for r in rows]
-    assert shapes == [("131072", "512"), ("2048", "32768"), ("22369", "3000"), ("2048", "1024"), ("2048", "32768")]
-    assert rows[0] == {
-        "M": "131072", "H": "512", "copy": "68.5", "fwd/x": "1.08", "trfwd/x": "1.28",
-        "add": "98.7", "bwd/x": "1.10", "trbwd/x": "1.59",
+def test_parse_log():
+    meta, rows = readme_tables.parse_log(LOG)
+    assert meta == {
+        "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "triton": "3.6.0", "commit": "1a2b3c4",
+        "date": "2026-12-07", "command": "python3 bench/ops_timing.py --dtype bfloat16",
     }  # fmt: skip
-    assert rows[2]["trfwd/x"] == "nan"
-    assert readme_tables.parse_ops_timing(OPS_TIMING_V1)[1]["bwd/x"] == "1.83"
-    assert readme_tables.parse_ops_timing(OPS_TIMING_MUL)[1]["mbwd/x"] == "5.35"
+    assert len(rows) == 10
+    assert rows[0] == {
+        "op": "poly_norm", "dtype": "bfloat16", "M": "131072", "H": "512", "layout": "aligned", "fwd_floor_us": "91.20",
+        "fwd_cuda": "1.031", "fwd_triton": "1.210", "bwd_floor_us": "130.51", "bwd_cuda": "1.062", "bwd_triton": "1.480",
+    }  # fmt: skip
+    assert rows[2]["fwd_triton"] == "nan"
 
 
 @pytest.mark.parametrize(
     "text, message",
     [
-        ("no table here\n", "found none"),
-        (OPS_TIMING + OPS_TIMING, "a second at line"),
-        (OPS_TIMING_V1 + "   1024  65536  68.2  1.63\n", "expected 8 cells at line 4, got 4"),
+        ("no log here\n", "for gpu, torch, triton, commit, date, command"),
+        (HEAD.replace("# commit: 1a2b3c4\n", ""), "for commit"),
+        (HEAD, "expected a header line starting with 'op' and rows, found none"),
+        (LOG + HEAD.splitlines()[-1] + "\n", "a second at line"),
+        (HEAD.replace("bwd_triton", "bwd_tr"), "expected the header op dtype"),
+        (HEAD + "poly_norm bfloat16 2048 1024 aligned 12.0 1.1\n", "expected 11 cells at line 9, got 7"),
+        (HEAD + "poly_norm bfloat16 2048 1024 strided 12.0 1.1 1.2 13.0 1.3 1.4\n", "a layout among"),
+        (HEAD + "poly_norm bfloat16 2048 1024 aligned 12.0 fast 1.2 13.0 1.3 1.4\n", "numbers at line 9"),
+        (ROWS, "expected the header line before the row at line 1"),
     ],
 )
-def test_parse_ops_timing_refuses(text, message):
-    with pytest.raises(ValueError, match=message):
-        readme_tables.parse_ops_timing(text)
+def test_parse_log_refuses(text, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        readme_tables.parse_log(text)
 
 
-def test_parse_bench_summary():
-    rows = readme_tables.parse_bench_summary(BENCH_SUMMARY)
-    assert [(r["sweep"], r["M"], r["H"], r["mode"]) for r in rows] == [
-        ("seed", "2048", "1024", "forward"), ("seed", "2048", "1024", "backward"), ("seed", "2048", "1024", "full"),
-        ("bytes", "16384", "4096", "forward"), ("bytes", "16384", "4096", "full"), ("tokens", "16384", "4096", "full"),
-    ]  # fmt: skip
-    assert rows[1]["ratios"] == {"polynorm_cuda": "9.44", "liger": "15.34", "polynorm_cuda_graph": "—"}
-    with pytest.raises(ValueError, match="sweep"):
-        readme_tables.parse_bench_summary("# polynorm benchmark\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+# The tables.
 
 
-def test_parse_grouped_timing():
-    rows = readme_tables.parse_grouped_timing(GROUPED_TIMING)
-    assert len(rows) == 2
-    assert rows[1] == {
-        "M": "65536", "H": "1024", "E": "8", "dir": "backward", "single": "1.10",
-        "ratio": {"grouped": "1.33", "grouped_triton": "1.88", "loop": "1.58"},
-        "vs_single": {"grouped": "1.21", "grouped_triton": "1.71", "loop": "1.44"}, "ok": "NO",
-    }  # fmt: skip
-    with pytest.raises(ValueError, match="expected one table"):
-        readme_tables.parse_grouped_timing("grouped_timing on cpu\n")
-
-
-# The tables, as the markers ask for them.
-
-
-def test_kernels_table_splits_the_2_26_rows_from_the_seed_rows():
-    assert readme_tables.kernels_table("kernels", OPS_TIMING) == [
-        "| H | 512 | 32768 | 3000 |",
+def test_poly_norm_tables():
+    assert readme_tables.op_tables("poly_norm", LOG, "o.log") == [
+        "PolyNorm " + RUN.format(" (float16 rows: in the log)"),
+        "",
+        "| H | 512 | 4096 | 262144 |",
         "|---|---|---|---|",
-        "| cuda forward | 1.08 | 1.22 | 1.25 |",
-        "| cuda backward | 1.10 | 1.59 | 1.20 |",
-        "| triton forward | 1.28 | 1.20 | — |",
-        "| triton backward | 1.59 | 1.68 | 2.29 |",
-    ]
-    assert readme_tables.kernels_table("kernels", OPS_TIMING, shapes="seed") == [
-        "| H | 1024 | 32768 |",
-        "|---|---|---|",
-        "| cuda forward | 1.37 | 1.21 |",
-        "| cuda backward | 1.51 | 1.60 |",
-        "| triton forward | 3.57 | 1.19 |",
-        "| triton backward | 4.88 | 1.69 |",
-    ]
-    # No Triton columns (an old log) or no Triton numbers (ops not registered): CUDA rows only.
-    old_log = readme_tables.kernels_table("kernels", OPS_TIMING_V1)
-    assert old_log[2:] == ["| cuda forward | 1.19 | 1.19 |", "| cuda backward | 1.72 | 1.83 |"]
-    assert readme_tables.kernels_table("mul-kernels", OPS_TIMING_MUL) == [
-        "| H | 512 | 16385 |",
-        "|---|---|---|",
-        "| cuda forward | 1.09 | 2.15 |",
-        "| cuda backward | 1.04 | 5.35 |",
-    ]
-    with pytest.raises(ValueError, match="no rows for shapes=seed"):
-        readme_tables.kernels_table("kernels", OPS_TIMING_V1, shapes="seed")
-    with pytest.raises(ValueError, match="expected shapes=2\\^26 or shapes=seed, got shapes=all"):
-        readme_tables.kernels_table("kernels", OPS_TIMING, shapes="all")
-    with pytest.raises(ValueError, match="expected a mfwd/x column"):
-        readme_tables.kernels_table("mul-kernels", OPS_TIMING)
-
-
-def test_autograd_table_picks_providers_and_rows():
-    assert readme_tables.autograd_table(BENCH_SUMMARY) == [
-        "| M x H | mode | polynorm_cuda | liger | polynorm_cuda_graph |",
-        "|---|---|---|---|---|",
-        "| 2048 x 1024 | forward | 1.25 | 7.52 | 1.29 |",
-        "| 2048 x 1024 | backward | 9.44 | 15.34 | — |",
-        "| 2048 x 1024 | full | 10.88 | 18.44 | 1.16 |",
-        "| 16384 x 4096 | forward | 1.15 | 1.38 | 1.16 |",
-        "| 16384 x 4096 | full | 1.13 | 3.67 | 1.13 |",
-        "| 16384 x 4096 | full | 1.14 | 2.46 | 1.13 |",
-    ]
-    # Rows in the terms' order, each row once; columns in the providers' order.
-    rows = "bytes:full,seed/2048x1024:full+forward,bytes"
-    table = readme_tables.autograd_table(BENCH_SUMMARY, providers="liger,polynorm_cuda", rows=rows)
-    assert table == [
-        "| M x H | mode | liger | polynorm_cuda |",
+        "| CUDA forward / copy | 1.031 | 1.012 | 1.140 |",
+        "| Triton forward / copy | 1.210 | 1.060 | — |",
+        "| CUDA backward / add | 1.062 | 1.044 | 1.190 |",
+        "| Triton backward / add | 1.480 | 1.370 | — |",
+        "",
+        "| H | 3000 | 5125 odd | 4096 view |",
         "|---|---|---|---|",
-        "| 16384 x 4096 | full | 3.67 | 1.13 |",
-        "| 2048 x 1024 | forward | 7.52 | 1.25 |",
-        "| 2048 x 1024 | full | 18.44 | 10.88 |",
-        "| 16384 x 4096 | forward | 1.38 | 1.15 |",
+        "| CUDA forward / copy | 1.020 | 1.080 | 0.690 |",
+        "| Triton forward / copy | 1.400 | 2.100 | 0.950 |",
+        "| CUDA backward / add | 1.090 | 1.130 | 1.050 |",
+        "| Triton backward / add | 2.200 | 3.000 | 1.600 |",
     ]
-    with pytest.raises(ValueError, match="expected providers among .* got 'eager'"):
-        readme_tables.autograd_table(BENCH_SUMMARY, providers="polynorm_cuda,eager")
-    with pytest.raises(ValueError, match="matches no row"):
-        readme_tables.autograd_table(BENCH_SUMMARY, rows="seed/2048x4096")
-    with pytest.raises(ValueError, match="expected rows terms"):
-        readme_tables.autograd_table(BENCH_SUMMARY, rows="seed 2048")
 
 
-def test_grouped_table():
-    assert readme_tables.grouped_table(GROUPED_TIMING) == [
-        "| M x H | E | grouped forward | / single-expert | grouped backward | / single-expert | loop over experts, forward / backward |",
-        "|---|---|---|---|---|---|---|",
-        "| 65536 x 1024 | 8 | 1.14 | 1.03 | 1.33 | 1.21 | 1.53 / 1.58 |",
+def test_fused_tables_and_options():
+    lines = readme_tables.op_tables("poly_norm_mul", LOG, "o.log")
+    assert lines[0] == "Fused PolyNorm x mul " + RUN.format("")
+    assert lines[2:] == [
+        "| H | 4096 |",
+        "|---|---|",
+        "| CUDA forward / add | 1.030 |",
+        "| Triton forward / add | 1.040 |",
+        "| CUDA backward / add + copy | 1.070 |",
+        "| Triton backward / add + copy | 1.290 |",
+        "",
+        "| H | 5125 odd |",
+        "|---|---|",
+        "| CUDA forward / add | 1.080 |",
+        "| Triton forward / add | — |",
+        "| CUDA backward / add + copy | 1.120 |",
+        "| Triton backward / add + copy | — |",
     ]
+    picked = readme_tables.op_tables("poly_norm", LOG, "o.log", aligned="4096,512", extra="4096:view")
+    assert picked[2] == "| H | 4096 | 512 |" and picked[9] == "| H | 4096 view |"
+    with pytest.raises(ValueError, match="names H without an aligned bfloat16 row: \\[1024\\]"):
+        readme_tables.op_tables("poly_norm", LOG, "o.log", aligned="512,1024")
+    with pytest.raises(ValueError, match="names 4097:odd, which has no bfloat16 row"):
+        readme_tables.op_tables("poly_norm", LOG, "o.log", extra="4097:odd")
+    with pytest.raises(ValueError, match="expected extra=H:LAYOUT"):
+        readme_tables.op_tables("poly_norm", LOG, "o.log", extra="4096")
+    with pytest.raises(ValueError, match="no bfloat16 rows of poly_norm_mul"):
+        readme_tables.op_tables("poly_norm_mul", LOG.replace("poly_norm_mul bfloat16", "poly_norm_mul float32"), "o.log")
 
 
 # The markers.
@@ -259,36 +187,42 @@ def test_grouped_table():
 
 def test_regenerate_rewrites_only_marked_tables_keeping_their_indent(tmp_path):
     readme = (
-        "# Title\n\n| hand | typed |\n|---|---|\n| 1 | 2 |\n\n"
-        "- **Grouped**:\n\n  <!-- table:grouped source=g.log -->\n\n  | stale |\n\n  <!-- /table:grouped -->\n\nAfter.\n"
+        "# Title\n\n| hand | typed |\n|---|---|\n| 1 | 2 |\n\n- **Speed**:\n\n"
+        "  <!-- table:poly_norm_mul source=o.log -->\n\n  | stale |\n\n  <!-- /table:poly_norm_mul -->\n\nAfter.\n"
     )
-    new = _regenerate(tmp_path, readme, {"g.log": GROUPED_TIMING})
-    head = "# Title\n\n| hand | typed |\n|---|---|\n| 1 | 2 |\n\n- **Grouped**:\n\n"
-    assert new.startswith(head + "  <!-- table:grouped source=g.log -->\n\n  | M x H | E |")
-    assert "  | 65536 x 1024 | 8 | 1.14 | 1.03 | 1.33 | 1.21 | 1.53 / 1.58 |\n\n  <!-- /table:grouped -->\n\nAfter.\n" in new
+    new = _regenerate(tmp_path, readme)
+    head = "# Title\n\n| hand | typed |\n|---|---|\n| 1 | 2 |\n\n- **Speed**:\n\n"
+    assert new.startswith(head + "  <!-- table:poly_norm_mul source=o.log -->\n\n  Fused PolyNorm x mul on NVIDIA")
+    assert "\n\n  | H | 5125 odd |\n" in new  # blank lines stay blank, other lines take the indent
+    assert new.endswith("  | Triton backward / add + copy | — |\n\n  <!-- /table:poly_norm_mul -->\n\nAfter.\n")
     assert "stale" not in new
     assert readme_tables.regenerate(new, tmp_path) == new  # a second run changes nothing
     assert readme_tables.regenerate("no markers\n", tmp_path) == "no markers\n"
 
 
-def test_markers_take_options_over_several_lines(tmp_path):
-    readme = "<!-- table:kernels source=o.log\n     shapes=seed -->\n<!-- /table:kernels -->\n"
-    new = _regenerate(tmp_path, readme, {"o.log": OPS_TIMING})
-    assert new.startswith("<!-- table:kernels source=o.log\n     shapes=seed -->\n\n| H | 1024 | 32768 |\n")
+def test_markers_take_options_over_several_lines_and_a_new_source(tmp_path):
+    readme = "<!-- table:poly_norm source=old.log\n     extra=5125:odd -->\n<!-- /table:poly_norm -->\n"
+    new = _regenerate(tmp_path, readme, source="o.log")
+    assert new.startswith("<!-- table:poly_norm source=o.log\n     extra=5125:odd -->\n\nPolyNorm on NVIDIA")
+    assert "| H | 5125 odd |" in new and "| H | 3000 |" not in new
+    # A marker without a source takes the new one.
+    assert _regenerate(tmp_path, "<!-- table:poly_norm -->\n<!-- /table:poly_norm -->\n", source="o.log").startswith(
+        "<!-- table:poly_norm source=o.log -->\n\nPolyNorm on"
+    )
 
 
 @pytest.mark.parametrize(
     "readme, message",
     [
-        ("<!-- table:speed source=o.log -->\n<!-- /table:speed -->\n", "expected a kind among"),
-        ("<!-- table:kernels shapes=seed -->\n<!-- /table:kernels -->\n", "expected a source=PATH option"),
-        ("<!-- table:kernels source=missing.log -->\n<!-- /table:kernels -->\n", "source=missing.log is not a file"),
-        ("<!-- table:kernels source=o.log rows=bytes -->\n<!-- /table:kernels -->\n", "got 'rows=bytes'"),
-        ("<!-- table:kernels source=o.log -->\n| unclosed |\n", "found 0"),
-        ("<!-- table:kernels source=o.log -->\n<!-- table:grouped source=o.log -->\n<!-- /table:kernels -->\n",
-         "expected <!-- /table:kernels --> before the next table marker"),
+        ("<!-- table:kernels source=o.log -->\n<!-- /table:kernels -->\n", "expected a kind among"),
+        ("<!-- table:poly_norm extra=5125:odd -->\n<!-- /table:poly_norm -->\n", "expected a source=PATH option"),
+        ("<!-- table:poly_norm source=missing.log -->\n<!-- /table:poly_norm -->\n", "source=missing.log is not a file"),
+        ("<!-- table:poly_norm source=o.log rows=bytes -->\n<!-- /table:poly_norm -->\n", "got 'rows=bytes'"),
+        ("<!-- table:poly_norm source=o.log -->\n| unclosed |\n", "found 0"),
+        ("<!-- table:poly_norm source=o.log -->\n<!-- table:poly_norm_mul source=o.log -->\n<!-- /table:poly_norm -->\n",
+         "expected <!-- /table:poly_norm --> before the next table marker"),
     ],
 )  # fmt: skip
 def test_bad_markers_are_refused(tmp_path, readme, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        _regenerate(tmp_path, readme, {"o.log": OPS_TIMING})
+        _regenerate(tmp_path, readme)
