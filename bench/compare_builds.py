@@ -192,7 +192,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtype", nargs="+", choices=ops_timing.DTYPES, default=list(ops_timing.DTYPES))
     parser.add_argument("--op", nargs="+", choices=ops_timing.OPS, default=list(ops_timing.OPS))
     parser.add_argument("--limit", type=float, default=1.02, help="largest new / old CUDA ratio that passes")
-    parser.add_argument("--repeat", type=int, default=2, help="runs of each build and dtype; each cell keeps its minimum")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each build and dtype; a cell keeps its minimum")
     parser.add_argument("--warmup", type=float, default=10, help="do_bench warmup, ms")
     parser.add_argument("--rep", type=float, default=40, help="do_bench rep, ms")
     parser.add_argument("--no-triton", action="store_true", help="time the CUDA ops only")

@@ -21,7 +21,7 @@ Rows, for each dtype (bfloat16, float16, float32; ``--dtype`` picks) and each op
 
 - ``aligned``: M * H = 2^26 at H = 512, 1024, ..., 262144 and at H = 3000;
 - ``odd``: M * H = 2^26 at H = 1025, 4097, 5125, 16385, 65537: H * element size is not a
-  multiple of 16 bytes, so the rows start at every 16-byte phase;
+  multiple of 16 bytes in any dtype, so most rows start off a 16-byte boundary;
 - ``view``: M * H = 2^26 at H = 1024, 4096, 5125, 16384, with x, g and mul each
   ``torch.randn(M * H + 1)[1:].view(M, H)``: every tensor starts one element past a 16-byte
   boundary (the outputs are fresh tensors, aligned);
@@ -48,7 +48,7 @@ graph becomes a memcpy node, about 1.45x an eager copy at odd H.
 Only public ops are called, so the script also times older builds of the extension: put the
 build's folder (the one holding ``polynorm/``) first on PYTHONPATH.
 
-    python3 bench/ops_timing.py                          # every row, ~1 min a dtype on an H100
+    python3 bench/ops_timing.py                          # every row; prints its estimate first
     python3 bench/ops_timing.py --dtype bfloat16 --op poly_norm
     python3 bench/ops_timing.py --quick --no-triton
     python3 bench/ops_timing.py --graph
@@ -235,7 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=float, default=WARMUP_MS, help=f"do_bench warmup, ms (default {WARMUP_MS})")
     parser.add_argument("--rep", type=float, default=REP_MS, help=f"do_bench rep, ms (default {REP_MS})")
     parser.add_argument("--warm-only", action="store_true",
-                        help="call every op once per row and time nothing (fills Triton's compile cache); prints no rows")
+                        help="call every op once per row, time nothing: fills Triton's compile cache")
     return parser.parse_args(argv)
 
 
