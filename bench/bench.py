@@ -19,7 +19,7 @@ backend's ``poly_norm`` (cudagraph trees replay its forward and backward graphs)
 ``full`` mode only (a retained graph cannot be replayed as a backward alone). On a machine without CUDA, ``polynorm_cpu`` (the C++ kernel) runs against
 eager. An optional provider that is missing or fails its first call is skipped with a message.
 
-The fused op, ``out = poly_norm(x) * mul`` (``--op poly_norm_mul``; issue 15): providers
+The fused op, ``out = poly_norm(x) * mul`` (``--op poly_norm_mul``): providers
 ``polynorm_mul`` (:func:`polynorm.poly_norm_mul`, backend ``"auto"``: the CUDA kernels on a GPU,
 the C++ kernel on the CPU), ``polynorm_mul_triton`` (backend ``"triton"``), ``polynorm_then_mul``
 (``poly_norm(x)`` with backend ``"auto"``, then ``torch.mul``: the unfused form, five passes
@@ -33,7 +33,7 @@ sum holds two launch tails, so it is, if anything, a lenient floor there); full 
 passes). Outputs as below, in files named ``polynorm_mul_bench.json``,
 ``polynorm_mul_speed_<sweep>_<mode>.png``, ..., ``polynorm_mul_summary.md``.
 
-Method (that of the peer numbers in ``shared/anchors/h200-2026-11-29.md``):
+Method:
 
 - x ``(M, H)`` and grad_y are randn in the activation dtype (bf16 by default); weight ``(3,)``
   is fp32 near ``[0.3, -0.4, 0.9]`` and bias ``()`` fp32 near 0. x, weight and bias require grad.
@@ -209,7 +209,7 @@ TIMING = {  # (quick, device type) -> (warmup_ms, rep_ms)
 CUDA_CAVEAT = (
     "- caveat: a call of a few µs (the seed shapes, tokens M <= 4096) also measures the CPU cost of autograd and "
     "launches wherever it exceeds the ~0.1 ms head start that do_bench's L2 flush gives the CPU (a backward through "
-    "autograd costs about 0.15 ms of CPU on an H200 host); `bench/quick_ratios.py --ops` times the kernels alone"
+    "autograd costs about 0.15 ms of CPU on an H200 host); `bench/ops_timing.py` times the kernels alone"
 )
 
 ForwardFn = Callable[[Tensor, Tensor, Tensor], Tensor]
@@ -361,7 +361,7 @@ def provider_factory(name: str, eps: float, op: Op = POLY_NORM) -> Callable[[], 
         from liger_kernel.ops.poly_norm import LigerPolyNormFunction
 
         # in_place=False: in place, Liger writes dx over grad_y, the buffer that every timed
-        # backward reuses; the anchors time it out of place too.
+        # backward reuses.
         return lambda: lambda x, weight, bias: LigerPolyNormFunction.apply(x, weight, bias, eps, False)
     raise ValueError(f"bench: unknown provider {name!r}")
 
@@ -899,7 +899,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory metric")
     parser.add_argument("--eps", type=float, default=1e-6)
-    parser.add_argument("--out", type=Path, help="output directory (default bench/results/<device>-<date>/)")
+    parser.add_argument("--out", type=Path, help="output directory (default out/bench-<device>-<date>/)")
     return parser.parse_args(argv)
 
 
@@ -941,7 +941,7 @@ def main(argv=None) -> int:
         log("bench: no provider could run; timing the floors only")
 
     slug = re.sub(r"[^a-z0-9]+", "-", gpu_name.split(" (")[0].lower()).strip("-")
-    out_dir = args.out or Path(__file__).resolve().parent / "results" / f"{slug}-{datetime.date.today().isoformat()}"
+    out_dir = args.out or Path("out") / f"bench-{slug}-{datetime.date.today().isoformat()}"
     out_dir.mkdir(parents=True, exist_ok=True)
     log(
         f"bench: {op.name}, {gpu_name}, {args.dtype}, providers {', '.join(providers) or 'none'}, "

@@ -1,28 +1,27 @@
 #!/usr/bin/env bash
-# GPU runs in stages, for a device call of at most 10 minutes. From the repo root:
-#   bash bench/device_run.sh build timing kernels train     # ~7 min on an H200
+# GPU runs in stages, each under its own time limit, so that a run fits a device command of at
+# most 10 minutes. From the repo root:
+#   bash bench/device_run.sh build timing kernels train     # ~8 min on an H100
 #   bash bench/device_run.sh build suite bench              # ~8 min
-# Stages (each with its own time limit; logs under $OUT, or ./out):
-#   build    pip install -e . --no-build-isolation (sm_90), ~1 min
-#   timing   bench/ops_timing.py: kernel-only ratios to same-run floors, ~1.5 min
-#   kernels  the CUDA/Triton parity and kernel tests (pytest -k cuda), ~1.5 min
-#   smoke    the smoke subset (pytest -m smoke): every backend, dtype and layout once
-#   profile  bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
-#   ncu      an Nsight Compute profile of the row kernels at H = 5125, ~1 min
-#   ncu_rows the row kernels at H = 2048 and 8192 (NCU_H), under each tuning of NCU_TUNE: warp states, stall reasons and SASS lines as text, ~1 min an H and tuning
-#   train    the main job, python3 -m polynorm (default GPU preset), ~5 min
-#   suite    the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
-#   dist     the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
-#   bench    bench/bench.py --quick (JSON, PNGs, summary), ~1 min
-#   sweep    bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
-#   mul_timing  bench/ops_timing.py --op poly_norm_mul: the fused op's kernel-only ratios, ~1 min
-#   mul_bench   bench/bench.py --op poly_norm_mul --quick, ~1.5 min
-#   variants    bench/variants_timing.py: both CUDA kernel families (row, tiled) forced at each H, ~30 s
-#   tune        bench/tune_rows.py: the row kernels' tunings side by side, ~1 min
-#   grouped     bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
-#   triton_host bench/triton_host.py: where the Triton backend's host time goes, ~1 min
-# Multi-file outputs are packed as .tgz and the loose files removed: the device tool returns
-# a limited number of files, and drops the rest (2026-11-30b, call 4 lost its main job's). liger-kernel, when wanted, comes as a wheel in .whl/ (see the device tool's README).
+# Stages (logs under $OUT, or ./out):
+#   build        pip install -e . --no-build-isolation (sm_90 unless TORCH_CUDA_ARCH_LIST says), ~1 min
+#   timing       bench/ops_timing.py: kernel-only ratios to same-run floors, both ops, three dtypes, ~3 min
+#   compare      bench/compare_builds.py --old $OLD_BUILD --new .: the guard, ~5 min (OLD_BUILD: the
+#                folder holding the old build's polynorm/, built for this GPU)
+#   kernels      the CUDA/Triton parity and kernel tests (pytest -k cuda), ~1.5 min
+#   smoke        the smoke subset (pytest -m smoke): every backend, dtype and layout once
+#   profile      bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
+#   ncu          an Nsight Compute profile of the CUDA kernels at H = 5125 (NCU_H), ~1 min
+#   train        the main job, python3 -m polynorm (default GPU preset), ~5 min
+#   suite        the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
+#   dist         the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
+#   bench        bench/bench.py --quick (JSON, PNGs, summary), ~1 min
+#   sweep        bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
+#   mul_bench    bench/bench.py --op poly_norm_mul --quick, ~1.5 min
+#   grouped      bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
+#   triton_host  bench/triton_host.py: where the Triton backend's host time goes, ~1 min
+# A stage with many output files packs them as one .tgz: the device tool returns a limited number
+# of files. liger-kernel, when wanted, comes as a wheel in .whl/.
 set -uo pipefail
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
@@ -42,7 +41,12 @@ for stage in "${stages[@]}"; do
     build)
       python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>&1; echo "build rc=$?" ;;
     timing)
-      timeout 110 python3 bench/ops_timing.py 2>&1 | tee "$OUT/ops_timing.log" ;;
+      timeout 300 python3 bench/ops_timing.py > "$OUT/ops_timing.log" 2>&1; echo "timing rc=$?"; tail -3 "$OUT/ops_timing.log" ;;
+    compare)
+      timeout 560 python3 bench/compare_builds.py --old "${OLD_BUILD:?set OLD_BUILD to the folder holding the old polynorm/}" --new . \
+        --out "$OUT/compare" > "$OUT/compare_builds.log" 2>&1; echo "compare rc=$?"
+      sed -n '/^worst per column/,$p' "$OUT/compare_builds.log"
+      tar czf "$OUT/compare.tgz" -C "$OUT" compare && rm -rf "$OUT/compare" ;;
     kernels)
       timeout 150 python3 -m pytest tests/test_parity.py tests/test_kernels.py -q -ra -p no:cacheprovider -k cuda \
         > "$OUT/tests_kernels.log" 2>&1; echo "pytest kernels rc=$?"; tail -1 "$OUT/tests_kernels.log" ;;
@@ -54,39 +58,18 @@ for stage in "${stages[@]}"; do
       sed -n '/^| M/,$p' "$OUT/profile_steps.log" ;;
     ncu)
       timeout 60 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-        -k regex:row_kernel -c 2 python3 bench/profile_rows.py 5125 > "$OUT/ncu_5125.txt" 2>&1; echo "ncu rc=$?" ;;
-    ncu_rows)
-      # Where the aligned row kernels' issue slots go (issue 13): warp states, stall reasons and the
-      # SASS lines that stall, as text (the .ncu-rep files need Nsight Compute to read), at each H of
-      # NCU_H (default 2048 8192: a short and a mid row), under each row tuning of NCU_TUNE
-      # (profile_rows.py's second argument, e.g. "grid_waves:0 grid_waves:1"; default the table's).
-      for H in ${NCU_H:-2048 8192}; do
-      for tune in ${NCU_TUNE:-table}; do
-        rep="$OUT/ncu_rows_$H"; [ "$tune" != table ] && rep="${rep}_${tune//[:,]/_}"
-        args="$H"; [ "$tune" != table ] && args="$H $tune"
-        timeout 150 ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-          --section WarpStateStats --section SourceCounters --section LaunchStats --import-source yes \
-          -k regex:row_kernel -c 2 -f -o "$rep" python3 bench/profile_rows.py $args > "$rep.log" 2>&1; echo "ncu H=$H $tune rc=$?"
-        ncu --import "$rep.ncu-rep" --page details --print-details all > "$rep.txt" 2>&1
-        ncu --import "$rep.ncu-rep" --page raw --csv > "$rep.raw.csv" 2>&1
-        ncu --import "$rep.ncu-rep" --page source --print-source sass --csv > "$rep.sass.csv" 2>&1; echo "sass rc=$?"
-      done
-      done
-      # The binary reports are dropped (several MB each; the device tool carries at most 64 MiB of
-      # tree): the text details, raw metrics and SASS tables above hold what the notes cite.
-      rm -f "$OUT"/ncu_rows_*.ncu-rep
-      tar czf "$OUT/ncu_rows.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_rows_*) && rm -f "$OUT"/ncu_rows_* ;;
+        -k regex:poly_norm -c 2 python3 bench/profile_rows.py "${NCU_H:-5125}" > "$OUT/ncu_${NCU_H:-5125}.txt" 2>&1
+      echo "ncu rc=$?" ;;
     train)
       mkdir -p "$OUT/train"
       /usr/bin/time -f "train wall %e s" timeout 420 python3 -m polynorm --no-progress --out "$OUT/train" \
         > "$OUT/train/train.log" 2>&1; echo "train rc=$?"; tail -32 "$OUT/train/train.log"
       tar czf "$OUT/train.tgz" -C "$OUT" train && rm -rf "$OUT/train" ;;
     suite)
-      # The slow compile tests first (231 s on one H200 at 16 workers, bench/results/h200-2026-12-01/call4/;
-      # in plain order they finished last and the run took over 430 s). SIGINT at the limit: pytest
-      # still prints its summary.
-      # Verbose: each test's outcome and name as it finishes, so that a failure is named even
-      # when the summary is lost (h200-2026-12-02/call2: one F, then xdist's teardown hung).
+      # The slow compile tests first: started last, they outlast the rest (231 s of compiling on
+      # one H200 at 16 workers; in plain order the run took over 430 s). SIGINT at the limit:
+      # pytest still prints its summary. Verbose: each test's outcome and name as it finishes,
+      # so a failure is named even when a hung xdist teardown loses the summary.
       /usr/bin/time -f "suite wall %e s" timeout -s INT "${SUITE_TIMEOUT:-320}" python3 -m pytest tests/test_pt2.py \
         tests/test_grouped.py tests/test_training.py tests -v -ra -p no:cacheprovider \
         -n 16 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
@@ -109,15 +92,9 @@ for stage in "${stages[@]}"; do
       # The full side-by-side sweep (every provider, Liger when .whl/ holds it), alone on the GPU.
       timeout 280 python3 bench/bench.py --warmup 15 --rep 50 --out "$OUT/sweep" > "$OUT/sweep.log" 2>&1
       echo "sweep rc=$?"; tar czf "$OUT/sweep.tgz" -C "$OUT" sweep && rm -rf "$OUT/sweep" ;;
-    mul_timing)
-      timeout 110 python3 bench/ops_timing.py --op poly_norm_mul 2>&1 | tee "$OUT/ops_timing_mul.log" ;;
     mul_bench)
       timeout 150 python3 bench/bench.py --op poly_norm_mul --quick --out "$OUT/bench_mul" > "$OUT/bench_mul.log" 2>&1
       echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
-    variants)
-      timeout 150 python3 bench/variants_timing.py 2>&1 | tee "$OUT/variants_timing.log" ;;
-    tune)
-      timeout 170 python3 bench/tune_rows.py ${TUNE_H:+--H $TUNE_H} 2>&1 | tee "$OUT/tune_rows.log" ;;
     grouped)
       timeout 200 python3 bench/grouped_timing.py --out "$OUT/grouped_timing.json" 2>&1 | tee "$OUT/grouped_timing.log" ;;
     triton_host)

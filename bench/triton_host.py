@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the Triton backend's host time goes (issue 14): microseconds per call, layer by layer,
+"""Where the Triton backend's host time goes: microseconds per call, layer by layer,
 and, from timestamps, where a forward + ``torch.autograd.grad`` step spends them.
 
 Every figure is the best of 5 rounds: in each round ``--calls`` calls (steps), each timed alone
