@@ -4,19 +4,22 @@ and ``grouped_backward_triton``, with the schemas of ``polynorm::grouped_forward
 PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of Large
 Language Models", arXiv:2411.03884) with one ``[w0, w1, w2, b]`` per expert. Rows arrive sorted
 by expert: expert e owns rows ``[offsets[e-1], offsets[e])`` (``offsets[-1] := 0``). Per row,
-with its expert's parameters (``docs/MATH.md``, "Grouped PolyNorm")::
+with its expert's parameters (``docs/MATH.md``, "Grouped PolyNorm"; each equation written once,
+in :mod:`polynorm.triton_math`, shared with the single-expert kernels)::
 
-    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3
-    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)
-    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
-    c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,  S_p = sum_j g_j x_j^p,  G = sum_j g_j
+    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3         (1)-(2)
+    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)       (3)
+    S_p = sum_j g_j x_j^p,  G = sum_j g_j                                       (4)
+    c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H                                  (5)
+    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))             (6)
+    dw[e] = [sum r_3 S_3, sum r_2 S_2, sum r_1 S_1],  db[e] = sum G  (rows of e) (11)
 
 Layout of the work
-- The row kernels are those of :mod:`polynorm.triton_kernels` (the same tiles, launch
-  configuration and helpers, a function of H and the dtype only), plus a binary search of
-  offsets per row, read on the device: no host synchronisation. The search only yields
-  experts in ``[0, E]``, so offsets that decrease or exceed M (undefined results) never make
-  a kernel read or write out of bounds.
+- The row kernels are :mod:`polynorm.triton_kernels`' own, with their tiles, launch
+  configuration (a function of H and the dtype only), statistics passes and math, plus a
+  binary search of offsets per row, read on the device: no host synchronisation. The search
+  only yields experts in ``[0, E]``, so offsets that decrease or exceed M (undefined
+  results) never make a kernel read or write out of bounds.
 - Rows at or past ``offsets[E-1]`` belong to no expert: they are not read; y, rstd and
   grad_x are 0 there.
 - Backward: each row writes ``[r_3 S_3, r_2 S_2, r_1 S_1, G]`` to an ``[M, 4]`` buffer; a
@@ -39,20 +42,28 @@ from polynorm._common import check_grouped_backward_args, check_grouped_forward_
 from polynorm.triton_kernels import (
     _acc_dtype,
     _as_rows,
-    _bwd_coefficients,
-    _bwd_dx,
     _check_runs_here,
-    _div_rn,
-    _horner_coefficients,
     _launch_config,
     _launchable,
     _load_acc,
+    _load_rstd,
     _on_device_of,
     _op,
-    _poly_y,
-    _sqrt_rn,
+    _row_grad_sums_looped,
+    _row_sums_looped,
+    _store_rstd,
     _to_acc,
     _to_out,
+)
+from polynorm.triton_math import (
+    backward_coeffs,
+    forward_coeffs,
+    grad_x,
+    inv_h_of,
+    poly_value,
+    row_grad_sums,
+    row_sums,
+    rstd_of,
 )
 
 __all__ = ["poly_norm_grouped_forward_triton", "poly_norm_grouped_backward_triton"]
@@ -116,60 +127,38 @@ def _poly_norm_grouped_fwd_kernel(
     y_rows = y_ptr + rows * H
     cols = tl.arange(0, BLOCK_H)
 
-    # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
+    # Statistics (MATH.md (1)): sum of x^2, x^4, x^6 per row, in one pass.
     if ONE_BLOCK:
         mask = owned[:, None] & (cols < H)[None, :]
         x = _load_acc(x_rows, cols, mask, ACC)
-        x2 = x * x
-        x4 = x2 * x2
-        s1 = tl.sum(x2, axis=1)
-        s2 = tl.sum(x4, axis=1)
-        s3 = tl.sum(x4 * x2, axis=1)
+        s1, s2, s3 = row_sums(x)
     else:
-        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        for c0 in range(0, H, BLOCK_H):
-            c = c0 + cols
-            mask = owned[:, None] & (c < H)[None, :]
-            xc = _load_acc(x_rows, c, mask, ACC)
-            xc2 = xc * xc
-            xc4 = xc2 * xc2
-            a1 += xc2
-            a2 += xc4
-            a3 += xc4 * xc2
-        s1 = tl.sum(a1, axis=1)
-        s2 = tl.sum(a2, axis=1)
-        s3 = tl.sum(a3, axis=1)
+        s1, s2, s3 = _row_sums_looped(x_rows, cols, owned, H, ACC, BLOCK_M, BLOCK_H)
 
-    # rstd once per row, IEEE-rounded; 0 on rows of no expert.
-    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    # rstd once per row (MATH.md (2)); 0 on rows of no expert.
+    inv_h = inv_h_of(H, ACC)
     e = tl.full([], eps, ACC)
-    one = tl.full([BLOCK_M], 1.0, ACC)
     zero = tl.zeros([BLOCK_M], ACC)
-    r1 = tl.where(owned, _div_rn(one, _sqrt_rn(s1 * inv_h + e)), zero)
-    r2 = tl.where(owned, _div_rn(one, _sqrt_rn(s2 * inv_h + e)), zero)
-    r3 = tl.where(owned, _div_rn(one, _sqrt_rn(s3 * inv_h + e)), zero)
-    rstd_rows = rstd_ptr + rows * 3
-    tl.store(rstd_rows + 0, r3, mask=in_range)
-    tl.store(rstd_rows + 1, r2, mask=in_range)
-    tl.store(rstd_rows + 2, r1, mask=in_range)
+    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
+    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
+    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
 
     # The row's expert's parameters, in their own dtype (0 on rows of no expert).
     w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
-    k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
+    a1, a2, a3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
     b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
 
-    # Output, Horner form (PolyNorm's _poly_y): 3 FMAs per element; 0 on rows of no expert.
+    # Output, MATH.md (3); 0 on rows of no expert.
     if ONE_BLOCK:
-        y = tl.where(owned[:, None], _poly_y(x, k1, k2, k3, b), 0.0)
+        y = tl.where(owned[:, None], poly_value(x, a1, a2, a3, b), 0.0)
         out_mask = in_range[:, None] & (cols < H)[None, :]
         tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
     else:
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = owned[:, None] & (c < H)[None, :]
-            y = tl.where(owned[:, None], _poly_y(_load_acc(x_rows, c, mask, ACC), k1, k2, k3, b), 0.0)
+            y = tl.where(owned[:, None], poly_value(_load_acc(x_rows, c, mask, ACC), a1, a2, a3, b), 0.0)
             out_mask = in_range[:, None] & (c < H)[None, :]
             tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=out_mask)
 
@@ -206,55 +195,31 @@ def _poly_norm_grouped_bwd_kernel(
     dx_rows = dx_ptr + rows * H
     cols = tl.arange(0, BLOCK_H)
 
-    # S_1, S_2, S_3 and G per row, in one pass.
+    # S_1, S_2, S_3 and G per row (MATH.md (4)), in one pass.
     if ONE_BLOCK:
         mask = owned[:, None] & (cols < H)[None, :]
         x = _load_acc(x_rows, cols, mask, ACC)
         g = _load_acc(g_rows, cols, mask, ACC)
-        gx = g * x
-        gx2 = gx * x
-        s1 = tl.sum(gx, axis=1)
-        s2 = tl.sum(gx2, axis=1)
-        s3 = tl.sum(gx2 * x, axis=1)
-        sg = tl.sum(g, axis=1)
+        s1, s2, s3, sg = row_grad_sums(x, g)
     else:
-        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        for c0 in range(0, H, BLOCK_H):
-            c = c0 + cols
-            mask = owned[:, None] & (c < H)[None, :]
-            xc = _load_acc(x_rows, c, mask, ACC)
-            gc = _load_acc(g_rows, c, mask, ACC)
-            gxc = gc * xc
-            gxc2 = gxc * xc
-            a1 += gxc
-            a2 += gxc2
-            a3 += gxc2 * xc
-            ag += gc
-        s1 = tl.sum(a1, axis=1)
-        s2 = tl.sum(a2, axis=1)
-        s3 = tl.sum(a3, axis=1)
-        sg = tl.sum(ag, axis=1)
+        # HAS_MUL=False: g is grad_y itself; g_rows stands in for the unread mul rows.
+        s1, s2, s3, sg = _row_grad_sums_looped(g_rows, g_rows, x_rows, cols, owned, H, ACC, BLOCK_M, BLOCK_H, False)
 
     # Rows of no expert: r = 0 and w = 0 give c = d = 0, S = 0 (nothing read), so dx = 0 and
     # a zero share of the parameter gradients.
-    rstd_rows = rstd_ptr + rows * 3
-    r3 = tl.load(rstd_rows + 0, mask=owned, other=0.0)
-    r2 = tl.load(rstd_rows + 1, mask=owned, other=0.0)
-    r1 = tl.load(rstd_rows + 2, mask=owned, other=0.0)
+    r3, r2, r1 = _load_rstd(rstd_ptr, rows, owned)
     w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
-    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    inv_h = inv_h_of(H, ACC)
+    # This row's share of its expert's [dw0, dw1, dw2, db] (MATH.md (11)).
     part_rows = partials_ptr + rows * 4
     tl.store(part_rows + 0, r3 * s3, mask=in_range)
     tl.store(part_rows + 1, r2 * s2, mask=in_range)
     tl.store(part_rows + 2, r1 * s1, mask=in_range)
     tl.store(part_rows + 3, sg, mask=in_range)
 
-    c1, c2, c3, d1, d2, d3 = _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h)
+    c1, c2, c3, d1, d2, d3 = backward_coeffs(w0, w1, w2, r3, r2, r1, s1, s2, s3, inv_h)
     if ONE_BLOCK:
-        dx = tl.where(owned[:, None], _bwd_dx(x, g, c1, c2, c3, d1, d2, d3), 0.0)
+        dx = tl.where(owned[:, None], grad_x(x, g, c1, c2, c3, d1, d2, d3), 0.0)
         out_mask = in_range[:, None] & (cols < H)[None, :]
         tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -263,7 +228,7 @@ def _poly_norm_grouped_bwd_kernel(
             mask = owned[:, None] & (c < H)[None, :]
             xc = _load_acc(x_rows, c, mask, ACC)
             gc = _load_acc(g_rows, c, mask, ACC)
-            dx = tl.where(owned[:, None], _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
+            dx = tl.where(owned[:, None], grad_x(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
             out_mask = in_range[:, None] & (c < H)[None, :]
             tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
 

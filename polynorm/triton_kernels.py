@@ -2,24 +2,25 @@
 and for the fused PolyNorm x mul: ``mul_forward_triton`` and ``mul_backward_triton``.
 
 PolyNorm (Zhuo et al., "Polynomial Composition Activations: Unleashing the Dynamics of
-Large Language Models", arXiv:2411.03884), per row x of length H::
+Large Language Models", arXiv:2411.03884), per row x of length H, with the equations of
+``docs/MATH.md`` (each written once, in :mod:`polynorm.triton_math`)::
 
-    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3
-    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)
+    r_p = 1 / sqrt(mean(x^(2p)) + eps)                      p = 1, 2, 3         (1)-(2)
+    y   = x * (w2 r_1 + x * (w1 r_2 + x * w0 r_3)) + b      (Horner form)       (3)
 
-Closed-form backward (``docs/MATH.md``), with S_p = sum_j g_j x_j^p and G = sum_j g_j::
+Closed-form backward, with S_p = sum_j g_j x_j^p and G = sum_j g_j (4)::
 
-    c_p = w(p) p r_p,   d_p = c_p r_p^2 S_p / H             w(3) = w0, w(2) = w1, w(1) = w2
-    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
-    dw0 = sum_rows r_3 S_3,  dw1 = sum_rows r_2 S_2,  dw2 = sum_rows r_1 S_1,  db = sum_rows G
+    c_p = w(p) p r_p,   d_p = c_p r_p^2 S_p / H             w(3) = w0, w(2) = w1, w(1) = w2   (5)
+    dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))                          (6)
+    dw0 = sum_rows r_3 S_3,  dw1 = sum_rows r_2 S_2,  dw2 = sum_rows r_1 S_1,  db = sum_rows G  (7)
 
 Fused PolyNorm x mul (the gated MLP's ``down(PolyNorm(gate(x)) * up(x))``), the same kernels
 with the constexpr flag HAS_MUL::
 
-    out      = y * mul                          y in fp32 (fp64), never rounded on its own
-    g        = grad_out * mul                   in fp32 (fp64), never rounded: drives the
+    out      = y * mul                          y in fp32 (fp64), never rounded on its own  (8)
+    g        = grad_out * mul                   in fp32 (fp64), never rounded: drives the   (9)
                                                 backward above (dx, dw, db) unchanged
-    grad_mul = grad_out * y                     y recomputed from x and rstd, in the same
+    grad_mul = grad_out * y                     y recomputed from x and rstd, in the same   (10)
                                                 Horner form (the same bits) as the forward
 
 Layout of the work
@@ -66,6 +67,18 @@ from polynorm._common import (
     register_autograd,
     register_mul_autograd,
 )
+from polynorm.triton_math import (
+    add_row_grad_sums,
+    add_row_sums,
+    backward_coeffs,
+    forward_coeffs,
+    grad_x,
+    inv_h_of,
+    poly_value,
+    row_grad_sums,
+    row_sums,
+    rstd_of,
+)
 
 __all__ = [
     "poly_norm_backward_triton",
@@ -86,26 +99,6 @@ def _to_acc(v, ACC: tl.constexpr):
     if v.dtype.is_fp16() or v.dtype.is_bf16():
         v = v.to(tl.float32)
     return v.to(ACC)
-
-
-@triton.jit
-def _div_rn(a, b):
-    # IEEE-rounded a / b. Plain fp32 `/` and tl.sqrt compile to approximate forms;
-    # div_rn and sqrt_rn take fp32 only, and fp64 `/` and tl.sqrt are exact already.
-    if a.dtype.is_fp64():
-        q = a / b
-    else:
-        q = tl.div_rn(a, b)
-    return q
-
-
-@triton.jit
-def _sqrt_rn(a):
-    if a.dtype.is_fp64():
-        r = tl.sqrt(a)
-    else:
-        r = tl.sqrt_rn(a)
-    return r
 
 
 # Triton's interpreter (3.x) converts fp32 to bf16 by truncation (and its round-to-nearest
@@ -137,19 +130,6 @@ def _load_acc(rows, c, mask, ACC: tl.constexpr):
 
 
 @triton.jit
-def _horner_coefficients(w0, w1, w2, r1, r2, r3):
-    # k_p = w(p) r_p, as [BLOCK_M, 1] columns (docs/MATH.md, Forward, Horner form).
-    return (w2 * r1)[:, None], (w1 * r2)[:, None], (w0 * r3)[:, None]
-
-
-@triton.jit
-def _poly_y(x, k1, k2, k3, b):
-    # y = x (k_1 + x (k_2 + x k_3)) + b: 3 FMAs per element (docs/MATH.md, Forward). The
-    # forward and the mul backward's recompute of y both call this: the same bits.
-    return tl.fma(x, tl.fma(x, tl.fma(x, k3, k2), k1), b)
-
-
-@triton.jit
 def _load_grad(g_rows, mul_rows, c, mask, ACC: tl.constexpr, HAS_MUL: tl.constexpr):
     # (grad_out, g) with g = dL/dy: grad_y itself, or grad_out * mul in ACC (never rounded)
     # when HAS_MUL.
@@ -158,6 +138,58 @@ def _load_grad(g_rows, mul_rows, c, mask, ACC: tl.constexpr, HAS_MUL: tl.constex
     if HAS_MUL:
         g = go * _load_acc(mul_rows, c, mask, ACC)
     return go, g
+
+
+@triton.jit
+def _row_sums_looped(x_rows, cols, row_mask, H, ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr):
+    # row_sums (MATH.md (1)) of rows longer than one block: column blocks of BLOCK_H, each
+    # element's terms added to a running [BLOCK_M, BLOCK_H] tile, reduced once at the end.
+    a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    for c0 in range(0, H, BLOCK_H):
+        c = c0 + cols
+        mask = row_mask[:, None] & (c < H)[None, :]
+        a1, a2, a3 = add_row_sums(a1, a2, a3, _load_acc(x_rows, c, mask, ACC))
+    return tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
+
+
+@triton.jit
+def _row_grad_sums_looped(
+    g_rows, mul_rows, x_rows, cols, row_mask, H,
+    ACC: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, HAS_MUL: tl.constexpr,
+):  # fmt: skip
+    # row_grad_sums (MATH.md (4)) of rows longer than one block, as _row_sums_looped.
+    a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    for c0 in range(0, H, BLOCK_H):
+        c = c0 + cols
+        mask = row_mask[:, None] & (c < H)[None, :]
+        xc = _load_acc(x_rows, c, mask, ACC)
+        _, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
+        a1, a2, a3, ag = add_row_grad_sums(a1, a2, a3, ag, xc, gc)
+    return tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1), tl.sum(ag, axis=1)
+
+
+@triton.jit
+def _store_rstd(rstd_ptr, rows, r3, r2, r1, mask):
+    # The rstd cache, [M, 3] contiguous: [r_3, r_2, r_1] a row, so that column k pairs with w_k.
+    rstd_rows = rstd_ptr + rows * 3
+    tl.store(rstd_rows + 0, r3, mask=mask)
+    tl.store(rstd_rows + 1, r2, mask=mask)
+    tl.store(rstd_rows + 2, r1, mask=mask)
+
+
+@triton.jit
+def _load_rstd(rstd_ptr, rows, mask):
+    # (r_3, r_2, r_1) of each row from the rstd cache (_store_rstd); 0 where mask is off.
+    rstd_rows = rstd_ptr + rows * 3
+    r3 = tl.load(rstd_rows + 0, mask=mask, other=0.0)
+    r2 = tl.load(rstd_rows + 1, mask=mask, other=0.0)
+    r1 = tl.load(rstd_rows + 2, mask=mask, other=0.0)
+    return r3, r2, r1
 
 
 # M is never specialised (Triton would compile M == 1 as a constant): the code, and so
@@ -189,54 +221,32 @@ def _poly_norm_fwd_kernel(
     y_rows = y_ptr + rows * H
     cols = tl.arange(0, BLOCK_H)
 
-    # Statistics: sum of x^2, x^4, x^6 per row, in one pass.
+    # Statistics (MATH.md (1)): sum of x^2, x^4, x^6 per row, in one pass.
     if ONE_BLOCK:
         mask = row_mask[:, None] & (cols < H)[None, :]
         x = _load_acc(x_rows, cols, mask, ACC)
-        x2 = x * x
-        x4 = x2 * x2
-        s1 = tl.sum(x2, axis=1)
-        s2 = tl.sum(x4, axis=1)
-        s3 = tl.sum(x4 * x2, axis=1)
+        s1, s2, s3 = row_sums(x)
     else:
-        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        for c0 in range(0, H, BLOCK_H):
-            c = c0 + cols
-            mask = row_mask[:, None] & (c < H)[None, :]
-            xc = _load_acc(x_rows, c, mask, ACC)
-            xc2 = xc * xc
-            xc4 = xc2 * xc2
-            a1 += xc2
-            a2 += xc4
-            a3 += xc4 * xc2
-        s1 = tl.sum(a1, axis=1)
-        s2 = tl.sum(a2, axis=1)
-        s3 = tl.sum(a3, axis=1)
+        s1, s2, s3 = _row_sums_looped(x_rows, cols, row_mask, H, ACC, BLOCK_M, BLOCK_H)
 
-    # rstd once per row, IEEE-rounded.
-    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    # rstd once per row (MATH.md (2)).
+    inv_h = inv_h_of(H, ACC)
     e = tl.full([], eps, ACC)
-    one = tl.full([BLOCK_M], 1.0, ACC)
-    r1 = _div_rn(one, _sqrt_rn(s1 * inv_h + e))
-    r2 = _div_rn(one, _sqrt_rn(s2 * inv_h + e))
-    r3 = _div_rn(one, _sqrt_rn(s3 * inv_h + e))
-    rstd_rows = rstd_ptr + rows * 3
-    tl.store(rstd_rows + 0, r3, mask=row_mask)
-    tl.store(rstd_rows + 1, r2, mask=row_mask)
-    tl.store(rstd_rows + 2, r1, mask=row_mask)
+    r1 = rstd_of(s1, inv_h, e)
+    r2 = rstd_of(s2, inv_h, e)
+    r3 = rstd_of(s3, inv_h, e)
+    _store_rstd(rstd_ptr, rows, r3, r2, r1, row_mask)
 
     # Parameters are read here, in their own dtype: no host synchronisation.
     w0 = _to_acc(tl.load(w_ptr), ACC)
     w1 = _to_acc(tl.load(w_ptr + w_stride), ACC)
     w2 = _to_acc(tl.load(w_ptr + 2 * w_stride), ACC)
     b = _to_acc(tl.load(b_ptr), ACC)
-    k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
+    a1, a2, a3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
 
-    # Output, Horner form; with HAS_MUL, times mul before the one rounding.
+    # Output, MATH.md (3); with HAS_MUL, times mul before the one rounding (MATH.md (8)).
     if ONE_BLOCK:
-        y = _poly_y(x, k1, k2, k3, b)
+        y = poly_value(x, a1, a2, a3, b)
         if HAS_MUL:
             y = y * _load_acc(mul_rows, cols, mask, ACC)
         tl.store(y_rows[:, None] + cols[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
@@ -244,31 +254,10 @@ def _poly_norm_fwd_kernel(
         for c0 in range(0, H, BLOCK_H):
             c = c0 + cols
             mask = row_mask[:, None] & (c < H)[None, :]
-            y = _poly_y(_load_acc(x_rows, c, mask, ACC), k1, k2, k3, b)
+            y = poly_value(_load_acc(x_rows, c, mask, ACC), a1, a2, a3, b)
             if HAS_MUL:
                 y = y * _load_acc(mul_rows, c, mask, ACC)
             tl.store(y_rows[:, None] + c[None, :], _to_out(y, y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h):
-    # c_p = w(p) p r_p and d_p = c_p r_p^2 S_p / H, as [BLOCK_M, 1] columns.
-    c1 = w2 * r1
-    c2 = 2.0 * w1 * r2
-    c3 = 3.0 * w0 * r3
-    # (r_p S_p / H) r_p, not r_p^3 first: r_p^3 alone leaves fp32's range for |x| ~ 3e4
-    # or tiny rows with eps = 0.
-    d1 = c1 * ((r1 * s1 * inv_h) * r1)
-    d2 = c2 * ((r2 * s2 * inv_h) * r2)
-    d3 = c3 * ((r3 * s3 * inv_h) * r3)
-    return c1[:, None], c2[:, None], c3[:, None], d1[:, None], d2[:, None], d3[:, None]
-
-
-@triton.jit
-def _bwd_dx(x, g, c1, c2, c3, d1, d2, d3):
-    # dx = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3))
-    x2 = x * x
-    return g * tl.fma(x, tl.fma(x, c3, c2), c1) - x * tl.fma(x2, tl.fma(x2, d3, d2), d1)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -308,7 +297,7 @@ def _poly_norm_bwd_kernel(
     w2 = _to_acc(tl.load(w_ptr + 2 * w_stride), ACC)
     if HAS_MUL:
         b = _to_acc(tl.load(b_ptr), ACC)
-    inv_h = _div_rn(tl.full([], 1.0, ACC), tl.full([], H, ACC))
+    inv_h = inv_h_of(H, ACC)
     cols = tl.arange(0, BLOCK_H)
     # This program's share of [dw0, dw1, dw2, db], one slot per tile row, summed at the end.
     p_w0 = tl.zeros([BLOCK_M], ACC)
@@ -327,55 +316,32 @@ def _poly_norm_bwd_kernel(
         dx_rows = dx_ptr + rows * H
         dmul_rows = dmul_ptr + rows * H
 
-        # S_1, S_2, S_3 and G per row, in one pass.
+        # S_1, S_2, S_3 and G per row (MATH.md (4)), in one pass.
         if ONE_BLOCK:
             mask = row_mask[:, None] & (cols < H)[None, :]
             x = _load_acc(x_rows, cols, mask, ACC)
             go, g = _load_grad(g_rows, mul_rows, cols, mask, ACC, HAS_MUL)
-            gx = g * x
-            gx2 = gx * x
-            s1 = tl.sum(gx, axis=1)
-            s2 = tl.sum(gx2, axis=1)
-            s3 = tl.sum(gx2 * x, axis=1)
-            sg = tl.sum(g, axis=1)
+            s1, s2, s3, sg = row_grad_sums(x, g)
         else:
-            a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-            a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-            a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-            ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-            for c0 in range(0, H, BLOCK_H):
-                c = c0 + cols
-                mask = row_mask[:, None] & (c < H)[None, :]
-                xc = _load_acc(x_rows, c, mask, ACC)
-                _, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
-                gxc = gc * xc
-                gxc2 = gxc * xc
-                a1 += gxc
-                a2 += gxc2
-                a3 += gxc2 * xc
-                ag += gc
-            s1 = tl.sum(a1, axis=1)
-            s2 = tl.sum(a2, axis=1)
-            s3 = tl.sum(a3, axis=1)
-            sg = tl.sum(ag, axis=1)
+            s1, s2, s3, sg = _row_grad_sums_looped(
+                g_rows, mul_rows, x_rows, cols, row_mask, H, ACC, BLOCK_M, BLOCK_H, HAS_MUL
+            )
 
-        rstd_rows = rstd_ptr + rows * 3
-        r3 = tl.load(rstd_rows + 0, mask=row_mask, other=0.0)
-        r2 = tl.load(rstd_rows + 1, mask=row_mask, other=0.0)
-        r1 = tl.load(rstd_rows + 2, mask=row_mask, other=0.0)
-        p_w0 += r3 * s3  # rows past M have r = 0 and S = 0
+        r3, r2, r1 = _load_rstd(rstd_ptr, rows, row_mask)
+        # This row's share of [dw0, dw1, dw2, db] (MATH.md (7)); rows past M have r = 0 and S = 0.
+        p_w0 += r3 * s3
         p_w1 += r2 * s2
         p_w2 += r1 * s1
         p_b += sg
 
-        c1, c2, c3, d1, d2, d3 = _bwd_coefficients(r1, r2, r3, s1, s2, s3, w0, w1, w2, inv_h)
+        c1, c2, c3, d1, d2, d3 = backward_coeffs(w0, w1, w2, r3, r2, r1, s1, s2, s3, inv_h)
         if HAS_MUL:
-            k1, k2, k3 = _horner_coefficients(w0, w1, w2, r1, r2, r3)
+            a1, a2, a3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
         if ONE_BLOCK:
-            dx = _bwd_dx(x, g, c1, c2, c3, d1, d2, d3)
+            dx = grad_x(x, g, c1, c2, c3, d1, d2, d3)
             tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
             if HAS_MUL:
-                dmul = go * _poly_y(x, k1, k2, k3, b)
+                dmul = go * poly_value(x, a1, a2, a3, b)  # MATH.md (10)
                 tl.store(dmul_rows[:, None] + cols[None, :], _to_out(dmul, dmul_ptr.dtype.element_ty), mask=mask)
         else:
             for c0 in range(0, H, BLOCK_H):
@@ -383,10 +349,10 @@ def _poly_norm_bwd_kernel(
                 mask = row_mask[:, None] & (c < H)[None, :]
                 xc = _load_acc(x_rows, c, mask, ACC)
                 goc, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
-                dx = _bwd_dx(xc, gc, c1, c2, c3, d1, d2, d3)
+                dx = grad_x(xc, gc, c1, c2, c3, d1, d2, d3)
                 tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
                 if HAS_MUL:
-                    dmul = goc * _poly_y(xc, k1, k2, k3, b)
+                    dmul = goc * poly_value(xc, a1, a2, a3, b)
                     tl.store(dmul_rows[:, None] + c[None, :], _to_out(dmul, dmul_ptr.dtype.element_ty), mask=mask)
 
     out = partials_ptr + pid.to(tl.int64) * 4
@@ -475,7 +441,7 @@ def _poly_norm_bwd_param_kernel(
 _ONE_BLOCK_BYTES = {"forward": 256, "backward": 64}
 # The fused PolyNorm x mul (HAS_MUL) runs with these same configurations. Its one-block
 # backward keeps grad_out beside x and g, and its forward loads mul for the output pass:
-# ptxas -v for sm_90a (bf16, compiled offline, not yet timed) gives its backward 116-150
+# ptxas -v for sm_90a (bf16) gives its backward 116-150
 # registers per thread against PolyNorm's 80-120, without spills, and its forward at
 # H = 32768 148 bytes of spills against PolyNorm's 88.
 # Up to 16 warps (512 threads) per program: the cross-warp step of the reduction stays
@@ -837,7 +803,7 @@ def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
 # ----------------------------------------------------------------------------------------
 
 # ``kernel[grid](*args)`` costs 18-37 us of host time a launch through Triton 3.6's Python
-# launcher on an H200's host (bench/NOTES.md): it binds and specialises every argument, builds
+# launcher on an H200's host (bench/triton_host.py): it binds and specialises every argument, builds
 # the cache key, checks the kernel's globals, then calls the compiled kernel's launcher. For
 # the eager path (PolyNormTritonFunction) the first launch of each specialisation goes through
 # it and hands back the compiled kernel, kept here under a key of everything Triton specialised
@@ -848,10 +814,8 @@ def _eager_backward(grad_y: Tensor, x: Tensor, weight: Tensor, rstd: Tensor) -> 
 # same call in Triton 3.6 and 3.8). Off: under the interpreter, when the kernels or the
 # compiled kernel lack what the call needs (feature-detected), after any TypeError from that
 # call (a launcher of another signature: nothing was launched), and with _DIRECT_LAUNCH False.
-# On by default; POLYNORM_TRITON_DIRECT_LAUNCH=0 turns it off. It was opt-in for one session,
-# after a pytest worker's segfault on the H200 that turned out to be a C++ error message's
-# (bench/NOTES.md, v7); the Triton GPU tests pass with it on
-# (bench/results/h200-2026-12-01/call5/tests_direct.log).
+# On by default; POLYNORM_TRITON_DIRECT_LAUNCH=0 turns it off, to rule it out when a launch
+# misbehaves: Triton's own launcher then runs every launch.
 _DIRECT_LAUNCH = os.environ.get("POLYNORM_TRITON_DIRECT_LAUNCH", "1") != "0"
 _COMPILED: dict[tuple, object] = {}  # key -> CompiledKernel
 _INT32_MAX = 2**31 - 1
