@@ -5,8 +5,9 @@
 // finish_param_grads, param_sum_kernel). Lane layout: packs.cuh.
 #pragma once
 
-#include "packs.cuh"
+#include "row_lanes.cuh"
 
+#include <cstdint>
 
 namespace polynorm {
 namespace {
