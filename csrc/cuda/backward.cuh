@@ -21,15 +21,16 @@
 namespace polynorm {
 namespace {
 
-// A thread's stage (kAlignedStaged: CTAs of kStageThreads (launch_plan.h's kRowStageThreads) threads, rows of whole warps, so a lane's packs are
-// base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
+// The staged build's stage (kAlignedStaged: the fused backward's aligned rows of clusters, their packs
+// copied a row ahead; launch_plan.h, row_staged). A thread's stage (CTAs of kStageThreads threads
+// (launch_plan.h's kRowStageThreads), rows of whole warps, so a lane's packs are base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
 // reads and writes are consecutive and every slot's address a constant offset from the thread's first.
 // stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs:
 // the table stages only rows whose every slot is in the row, launch_plan.h row_staged, so that is defensive);
 // `after`, a zero computed from the registers last read from the stage, orders the copies after those reads.
 // Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
 // to it): no barrier.
-constexpr int kStageThreads = 256;  // = kRowStageThreads (launch_plan.h; static_assert in backward.cuh)
+constexpr int kStageThreads = 256;  // = kRowStageThreads (launch_plan.h; static_assert in the row kernel)
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ void stage_copies(Pack* stage, int t, const scalar_t* row, int packs, const RowLane& rl,
                                              uint32_t after) {
@@ -74,7 +75,7 @@ __device__ __forceinline__ void stage_wait() {
 // k (the same products, in the same slot order), writes the classes to its warp's area, and then
 // reads, in its packs' class order, classes p .. kVec - 1 back from its own and classes 0 .. p - 1
 // from the next lane's: the aligned row's bits, with no realignment of any pack (the stage that
-// the forward keeps, packs.cuh). A segment's first lane leaves out slot 0's elements k < p
+// the forward keeps, row_phase.cuh). A segment's first lane leaves out slot 0's elements k < p
 // (before the row, or the previous segment's, which that segment has in its ext) and adds its
 // segment's ext (its last lane's, by a shuffle) after its last slot: elements k < p only.
 // Zeros in place of a term leave a class sum as it was, but for its sign of zero (a class sum
@@ -84,7 +85,7 @@ __device__ __forceinline__ void stage_wait() {
 // select g = grad_out * mul after the product, the ext's too; nvcc 13 forms that product alike
 // in every build, as a plain multiply. A compiler that fused `t[3] += grad_out * mul` in the
 // aligned loop would break the ext term's dB bits: selecting the raw values before the product
-// would be robust to that; not done yet, as it changes the compiled code.)
+// would be robust to that, with other compiled code.)
 template <typename acc_t>
 struct alignas(4 * sizeof(acc_t)) ClassSums {
   acc_t v[4];
@@ -153,8 +154,9 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
   }
 }
 
-// Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
-// reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
+// The row kernel: x and grad_y in registers; S_1, S_2, S_3 and G (MATH.md (4)) in one reduction,
+// then dx (MATH.md (5)-(6); the fused op's g = grad_out * mul and grad_mul, MATH.md (9)-(10)); the
+// block's share of [dw0, dw1, dw2, db] (MATH.md (7)) goes to partials.
 template <typename scalar_t, int kPacks, int kBuild, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks,
                                                               kBuild != kAligned && kBuild != kAlignedStaged))
@@ -190,14 +192,14 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   static_assert(!kStaged || (kMaxThreads == kStageThreads && kStageThreads == kRowStageThreads && !kGrouped),
                 "the staged build: CTAs of kRowStageThreads, not grouped");
   constexpr int kLayout = build_layout(kBuild);
-  // The tail builds (packs.cuh, row_tail): the row's 2 to kVec - 1 elements past its slots on its last lane.
+  // The tail builds (row_lanes.cuh, row_tail): the row's 2 to kVec - 1 elements past its slots on its last lane.
   constexpr bool kWideTail = wide_tail_build(kBuild);
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   // The rows as chunks, summed in the class order through the class areas (class_sums): the
   // same-phase and realigned builds; the aligned and pack-realigned ones hold packs.
   constexpr bool kChunks = kLayout == kRealigned || kLayout == kSamePhase;
   constexpr bool kToPacks = kLayout == kPackRealigned;  // misaligned inputs realigned to packs (finish_row)
-  // The realigned build works in one phase a row (packs.cuh, issue_row_at): x's rows', else
+  // The realigned build works in one phase a row (row_phase.cuh, issue_row_at): x's rows', else
   // grad_y's, else grad_x's, the first whose flag is false (the host's choice: the flags are set
   // against it, and same_phase_rows is an equivalence, so the first unflagged tensor is in it); a
   // flag says that the tensor's rows are not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
@@ -210,7 +212,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool m_realign = kMul && (kLayout == kRealigned || kToPacks) && !mul.vec_ok;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // row_lanes.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
@@ -514,7 +516,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       }
     }
     // The tail's outputs, last: the chunks' stores may reach into the tail, the realigned build's with wrong values
-    // (packs.cuh, row_tail), which these overwrite from the same lane.
+    // (row_lanes.cuh, row_tail), which these overwrite from the same lane.
     if (kWideTail && active && tail > 0) {
       store_tail(grad_x + r * H, H, tail, [&](int k) { return dx_at(P::value(x_tail, k), grad_of(g_tail, m_tail, k)); });
       if constexpr (kMul) {

@@ -67,7 +67,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool m_realign = kMul && kFlags && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // row_lanes.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
@@ -140,8 +140,9 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       // the realigning build): 16-byte packs under one branch, issued back to back, not load_pack's
       // per-pack branch to an element-wise path, which spread the 8 loads over ~1300 instructions
       // (the same bits). The element-wise path stays, written first (the `if` branch), so that
-      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
-      // 2048 / 4096 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer instructions; 2^26 within the spread.
+      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). The fused
+      // forward at 2048 x 1024 / 2048 / 4096: 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer
+      // instructions (bench/results/h200-2026-12-03e).
       if (!mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {

@@ -3,13 +3,12 @@
 // layout (RowLayout), and a row's elements past its lanes' slots (row_has_extra, row_tail). The
 // same-phase and one-phase rows' chunks: row_phase.cuh.
 //
-// ----------------------------------------------------------------------------------
-// Row kernels (v5, v8): a row held in registers by G threads with few threads a row and
-// many bytes a thread (kPacks 16-byte packs; rows of whole packs: 256 bytes of x forward,
-// 128 each of x and grad_y backward; 2-byte odd H forward half as many; a pack fewer where
-// launch_plan.h's row_packs trims a half-idle warp), so that an SM
-// keeps ~128 KB of loads in flight with no barrier but the reduction's. This is the layout of QuACK's norms (Tri Dao et al.). Used for
-// every row that one CTA or a thread-block cluster holds (launch_plan.h's table).
+// A row is held in registers by G threads, few threads a row and many bytes a thread (kPacks
+// 16-byte packs; rows of whole packs: 256 bytes of x forward, 128 each of x and grad_y backward;
+// 2-byte odd H forward half as many; a pack fewer where launch_plan.h's row_packs trims a
+// half-idle warp), so that an SM keeps ~128 KB of loads in flight with no barrier but the
+// reduction's: the layout of QuACK's norms (Tri Dao et al.). Every row that one CTA or a
+// thread-block cluster holds runs so (launch_plan.h's table).
 // - The row's packs are split into warp segments (RowLane): every warp access is 512
 //   contiguous bytes, and the neighbour of a lane's pack is the next lane's.
 // - Blocks of R = threads / G rows; a grid-stride loop, persistent or a block per R rows
@@ -24,7 +23,6 @@
 //   realigned from its chunk and the next one (a shuffle; past its segment, one more load), and
 //   stores go the other way (store_row), narrowly only at the row's ends and where segments
 //   meet. Every way the sums, and so the bits, are the aligned row's.
-// ----------------------------------------------------------------------------------
 #pragma once
 
 #include "packs.cuh"
@@ -52,7 +50,7 @@ struct RowLane {
 };
 
 // The row kernels' block geometry without integer division (a run-time divisor costs ~20
-// instructions, paid a row; bench/NOTES.md v10): G threads a row is a power of two whenever a
+// instructions, paid a row): G threads a row is a power of two whenever a
 // block holds several rows (launch_plan.h, row_plan: R = 128 / G), and C, the CTAs of a cluster,
 // always is.
 struct RowBlock {
@@ -71,9 +69,9 @@ __device__ __forceinline__ RowBlock row_block(int G, int C) {
 // [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
 // load/store code are those of one CTA of C G threads.
 // kWholeWarps: the build serves rows of 32 lanes or more only (launch.cuh, row_kernel), so W = 32
-// is known at compile time: every slot's index and test is a constant offset. Measured on the
-// misaligned builds (bench/NOTES.md v25): with the same-phase backward's patches, the 5125
-// backward 1.30 -> 1.14 of an add and 12% fewer instructions; the odd-H forwards 2-5% faster.
+// is known at compile time: every slot's index and test is a constant offset (bf16 H = 5125
+// backward 1.30 -> 1.14 of an add, 12% fewer instructions; the odd-H forwards 2-5% faster:
+// bench/results/h200-2026-12-03f).
 template <int kPacks, bool kWholeWarps = false>
 __device__ __forceinline__ RowLane row_lane(int G, int C) {
   const int rank = C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0;
@@ -89,9 +87,8 @@ __device__ __forceinline__ RowLane row_lane(int G, int C) {
 
 // Whether pack slot i of every lane of this warp lies past the row's `packs` (the same for
 // the whole warp: its lanes differ only in j). Such slots hold zeros or bytes past the row;
-// their arithmetic is skipped in the aligned builds (measured: in the realigning builds the
-// skip cost more in spills than it saved, bench/NOTES.md v5), but for the backward's sums,
-// which add their zeros (the skip in its class loop spilled 156 bytes, NOTES v17).
+// their arithmetic is skipped in the aligned builds. The realigning builds do the arithmetic:
+// there the skip cost more in spills than it saved (the backward's class loop spilled 156 bytes).
 __device__ __forceinline__ bool warp_idle(const RowLane& rl, int i, int packs) {
   return rl.base - rl.j + i * rl.W >= packs;
 }
@@ -178,7 +175,7 @@ __device__ __forceinline__ void issue_rows(const RowRegs<kPacks> (&regs)[kN], co
 
 // The same for two tensors (PolyNorm's same-phase backward: x and grad_y), written out rather than
 // through the array form above: through it ptxas scheduled that backward otherwise, 1.5% slower in
-// ncu at bf16 5125 / 16385 (bench/NOTES.md v26, call 1). So is mask_row_ends' two-tensor form.
+// ncu at bf16 5125 / 16385 (bench/results/h200-2026-12-03g). So is mask_row_ends' two-tensor form.
 template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const scalar_t* a_row, Pack (&b)[kPacks],
                                             Pack& b_ext, const scalar_t* b_row, int64_t H, const RowLane& rl) {
@@ -361,8 +358,8 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 
 // The row kernels' builds by layout (the kLayout template argument). kPackRealigned: misaligned
 // rows of whole packs beside aligned outputs, realigned to packs (finish_row) and summed as the
-// aligned build sums them (bench/NOTES.md v28: the backward at a view of x one element in, bf16
-// H = 4096, 0.97 of its add so, 1.06 in the one-phase realigned build); the forward's also serves
+// aligned build sums them (the backward at a view of x one element in, bf16 H = 4096: 0.97 of its
+// add so, 1.06 in the one-phase realigned build, bench/results/h200-2026-12-04); the forward's also serves
 // where the stage does not fit a block, and the narrow builds' aligned rows.
 // kAlignedStaged: the fused backward's aligned rows of clusters, each thread's packs copied into its own
 // shared-memory stage (stage_copies) a row ahead (launch_plan.h, row_staged).
@@ -416,8 +413,8 @@ __device__ __forceinline__ void store_extra(scalar_t* row, int64_t H, at::opmath
 // after the slots (store_row_from, realign_any(v_ext, v_ext, shift)) with wrong ones where the tail runs into the
 // chunk after `ext`, which that store does not hold. Only the scalar stores coming last make every tail element
 // right, and the scalar path's in every layout: keep them last. Every element before the tail comes from held
-// chunks (a review's element-level model of every phase, bench/NOTES.md v33). A build of its own: its three packs
-// of registers would spill in the builds of one-element tails.
+// chunks, in every phase. A build of its own: its three packs of registers would spill in the builds of
+// one-element tails.
 template <typename scalar_t, int kPacks>
 __device__ __forceinline__ int row_tail(const RowLane& rl, int64_t H) {
   const int64_t n = H - int64_t(rl.G) * (kPacks * PackOf<scalar_t>::kVec);

@@ -18,9 +18,9 @@ namespace {
 // row's order class by class: backward.cuh, class_sums), so that the sums' order, and so the
 // bits, are those of the aligned row. The stores then write whole aligned chunks, narrowly only at the
 // row's two ends (store_own_chunk).
-// The forward's sums read realigned packs through shared memory (bench/NOTES.md v13; before, a
-// shuffle and selects a pack, ~27 instructions a pack and tensor, a third of them the selects
-// of a run-time word offset, as realign_any). Each warp stages its row's chunks in its own
+// The forward's sums read realigned packs through shared memory, not through a shuffle and
+// selects a pack (~27 instructions a pack and tensor, a third of them the selects of a run-time
+// word offset, as realign_any). Each warp stages its row's chunks in its own
 // area, [kPacks + 1 slots][4 words][32 lanes] (a warp access of one word is conflict-free):
 // slot i, column l holds lane l's chunk i, and slot kPacks the segment's next chunk (ext,
 // written by its last lane at its segment's first column). A lane's realigned pack i is then
@@ -29,7 +29,7 @@ namespace {
 // and four funnel shifts for a shift that is not a multiple of 4: ~13 instructions a pack and
 // tensor. The bytes are realign_any's of the chunk and the next one, as finish_row's. The
 // forward's same-phase and realigned builds stage; the backward's sums go in the class order
-// instead (backward.cuh class_sums, NOTES v17).
+// instead (backward.cuh, class_sums).
 constexpr int stage_words(int packs) { return (packs + 1) * 4 * 32; }
 
 // Stages the warp's chunks (after mask_row_end). The two __syncwarp: every lane has read the
@@ -108,19 +108,17 @@ __device__ __forceinline__ void store_own_chunk_part(Pack* dst, int p, const Pac
   }
 }
 
-// ----------------------------------------------------------------------------------
-// The realigned backward (backward.cuh, kRealigned): a row's tensors start at different offsets
-// into their 16-byte chunks (a view one element in beside contiguous tensors, odd H). It works
-// in one phase a row, that of x's, grad_y's or grad_x's rows (launch.cuh picks the one most
-// tensors share): every input is held as the chunks of that phase, as the same-phase build holds
-// its rows, so that its sums (class_sums) and its elementwise part are the same-phase build's.
-// An input of another phase is realigned into it as it arrives (issue_row_at, finish_row_at), and
-// an output of another phase realigned out of it as it is stored (store_row_from): a shuffle and a
-// realignment a chunk of each such tensor only. (Before, every misaligned tensor was realigned to
-// whole packs and back: a view of x and grad_y one element in at odd H read 1.31-1.50 of an add,
-// bench/NOTES.md v26-v27.)
+// The realigned builds (kRealigned): a row's tensors start at different offsets into their
+// 16-byte chunks (a view one element in beside contiguous tensors, odd H). They work in one phase
+// a row, that of one tensor's rows (launch_plan.h, realign_phase: x's, grad_y's or grad_x's
+// backward, x's or y's forward): every input is held as the chunks of that phase, as the
+// same-phase build holds its rows, so that the sums and the elementwise part are the same-phase
+// build's. An input of another phase is realigned into it as it arrives (issue_row_at,
+// finish_row_at), an output of another phase out of it as it is stored (store_row_from): a
+// shuffle and a realignment a chunk of each such tensor only. Realigning every misaligned tensor
+// to whole packs and back instead, a view of x and grad_y one element in at odd H read 1.31-1.50
+// of an add (bench/results/h200-2026-12-03h).
 // Chunk q of a row in phase `phase` holds the row's bytes [16 q - phase, 16 q + 16 - phase).
-// ----------------------------------------------------------------------------------
 
 // Issues the loads of a row for finish_row_at. Without `realign` the row is in `phase` (its
 // chunks as loaded: issue_row's). Otherwise chunk q in `phase` is realign_any(base[q], base[q + 1],
