@@ -1,9 +1,9 @@
 // PolyNorm's math (docs/MATH.md), written once for the CPU kernels (cpu_rows.h) and the CUDA
 // kernels (cuda/forward*.cuh, cuda/backward*.cuh). Each function is the expression every kernel
-// evaluates, in its order of operations. The backends still differ in their bits: nvcc contracts
-// a * b + c into one FMA (-fmad=true, its default) and g++ for x86-64 has no FMA to contract into,
-// and each sums a row in its own order. The Triton kernels (polynorm/triton_kernels.py) use the
-// same names and the same order.
+// evaluates, in its order of operations; the Triton kernels' helpers follow the same equations in
+// the same order. The backends still differ in their bits: nvcc contracts a * b + c into one FMA
+// (-fmad=true, its default) where g++ for x86-64 has no FMA to contract into, and each backend
+// sums a row in its own order.
 //
 // Named polynorm_math.h, not math.h: csrc is an include directory (-I), where a math.h would
 // shadow the C library's <math.h> for every header that includes it.

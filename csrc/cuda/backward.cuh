@@ -431,7 +431,8 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // goes to gb (grad_out's registers), x's become dx.
     const HornerCoeffs<acc_t> a = forward_coeffs(rw0, rw1, rw2, r3, r2, r1);
     const auto dx_at = [&](acc_t v, acc_t g) { return grad_x_value(v, g, cd); };  // MATH.md (6)
-    const auto grad_mul_at = [&](acc_t v, acc_t grad_out) { return grad_out * poly_value(v, a, mb_bias); };
+    // `a` by value: taken by reference, ptxas scheduled the fused tail builds' loads otherwise.
+    const auto grad_mul_at = [a, mb_bias](acc_t v, acc_t grad_out) { return grad_out * poly_value(v, a, mb_bias); };
     const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
       return P::make([&](int k) { return dx_at(P::value(xp, k), grad_of(gp, mp, k)); });
     };
