@@ -1,8 +1,10 @@
 // The tiled backward kernel of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
-// (GroupArgs): any row, walked tile by tile by a group of up to kMaxGroup threads, writing dx and
-// its block's dW/dB partial (grouped: per-row terms). It serves the rows past the row kernels'
-// reach (bf16: H > 262144, or past 16384 on a device without clusters) and those of a cluster of
-// 16 CTAs that the device cannot place (launch_plan.h). Included by backward.cuh.
+// (GroupArgs): any row, on a block of kMaxGroup threads that walks it tile by tile, writing dx and
+// the row's dW/dB partial (grouped: its row terms). It serves the rows past the row kernels' reach
+// (bf16: H > 262144; on a device without clusters, past 16384, the fused op's past 8192) and
+// those of a cluster of 16 CTAs that the device cannot place (launch_plan.h). Every such row needs
+// more than 256 threads of row kernels, so the launch plan gives the tiled kernels one row a block
+// of kMaxGroup threads (tiled_plan), whatever H. Included by backward.cuh.
 #pragma once
 
 #include "args.cuh"
@@ -18,10 +20,11 @@
 namespace polynorm {
 namespace {
 
-// One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and G = sum g (MATH.md (4)); one group
+// One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and G = sum g (MATH.md (4)); one block
 // reduction combines all four; then dx is written (MATH.md (5)-(6)). Each block also writes its
-// rows' share of [dw0, dw1, dw2, db] = sum over rows of [r_3 S_3, r_2 S_2, r_1 S_1, G] (MATH.md
-// (7)), summed over its row groups in a fixed order.
+// row's share of [dw0, dw1, dw2, db], [r_3 S_3, r_2 S_2, r_1 S_1, G] (MATH.md (7)), as its partial.
+// Launched with a block of kMaxGroup threads a row and a block a row (gridDim.x = M: every block
+// takes part in the last block's sum, finish_param_grads).
 template <typename scalar_t, bool kMul>
 __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
@@ -37,30 +40,30 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
     ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum (or apart)
     MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
     GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
-    int64_t M,
+    [[maybe_unused]] int64_t M,                          // rows: gridDim.x, a block a row
     int64_t H) {
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  __shared__ acc_t smem[kMaxGroup / 32][4];
-  __shared__ acc_t row_part[kBlockThreads][4];
+  constexpr int G = kMaxGroup;
+  __shared__ acc_t smem[G / 32][4];
 
-  const int G = blockDim.x;
-  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool active = row < M;
-  const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
-  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-  scalar_t* dx_row = grad_x + (active ? row : 0) * H;
-  const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : nullptr;
-  scalar_t* dm_row = kMul ? mul.grad_mul + (active ? row : 0) * H : nullptr;
+  const int64_t row = blockIdx.x;
+  const scalar_t* g_row = grad_y + row * g_row_stride;
+  const scalar_t* x_row = x + row * x_row_stride;
+  scalar_t* dx_row = grad_x + row * H;
+  const scalar_t* m_row = kMul ? mul.mul + row * mul.row_stride : nullptr;
+  scalar_t* dm_row = kMul ? mul.grad_mul + row * H : nullptr;
 
   // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
-  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const int64_t expert = grouped ? expert_of(grouping.offsets, row) : grouping.offsets.E;
   const bool owned = !grouped || expert < grouping.offsets.E;
 
-  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
-  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
-  const bool resident = packs <= int64_t(G) * kBwdPacks;
+  const int64_t packs = owned ? (H + P::kVec - 1) / P::kVec : 0;
+  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers. Only the
+  // fused op's rows on a device without clusters are that short here (bf16 8194-16384):
+  // PolyNorm's rows reach the tiled kernel only past 2048 packs, so its builds leave it out.
+  const bool resident = kMul && packs <= int64_t(G) * kBwdPacks;
 
   Pack xb[kBwdPacks];
   Pack gb[kBwdPacks];
@@ -107,40 +110,24 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
       }
     }
   }
-  group_reduce<4>(s, smem);
+  tile_reduce<G, 4>(s, smem);
 
   acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
-  if (active && owned) {
+  if (owned) {
     r3 = rstd[row * 3 + 0];
     r2 = rstd[row * 3 + 1];
     r1 = rstd[row * 3 + 2];
   }
-  if (grouped) {
-    // The row's share of its expert's [dw0, dw1, dw2, db] (0 for a row of no expert).
-    if (active && threadIdx.x == 0) {
-      grouping.row_terms[row * 4 + 0] = r3 * s[2];
-      grouping.row_terms[row * 4 + 1] = r2 * s[1];
-      grouping.row_terms[row * 4 + 2] = r1 * s[0];
-      grouping.row_terms[row * 4 + 3] = s[3];
-    }
-  } else {
-    // This block's share of the parameter gradients: row groups in order, then one write.
-    if (threadIdx.x == 0) {
-      row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
-      row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
-      row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
-      row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
-    }
-    __syncthreads();
-    const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
-    if (tid < 4) {
-      acc_t total = row_part[0][tid];
-      for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
-      param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
-    }
-    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
+  // The row's share of [dw0, dw1, dw2, db] (0 for a row of no expert): its expert's row terms
+  // (grouped), or the block's partial, summed by the last block.
+  acc_t* terms = grouped ? grouping.row_terms + row * 4 : param_grads.partials + int64_t(blockIdx.x) * 4;
+  if (threadIdx.x == 0) {
+    terms[0] = r3 * s[2];
+    terms[1] = r2 * s[1];
+    terms[2] = r1 * s[0];
+    terms[3] = s[3];
   }
-  if (!active) return;  // no barrier below
+  if (!grouped) finish_param_grads(param_grads, int(threadIdx.x), G);
   if (!owned) {  // grouped, a row of no expert: grad_x = 0
     for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
       store_pack(dx_row, p, H, dx_vec_ok, make_uint4(0u, 0u, 0u, 0u));

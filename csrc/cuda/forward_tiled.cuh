@@ -1,8 +1,10 @@
 // The tiled forward kernel of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
-// (GroupArgs): any row, walked tile by tile by a group of up to kMaxGroup threads. It serves the
-// rows past the row kernels' reach (bf16: H > 524288, or past 32768 on a device without clusters)
-// and those of a cluster of 16 CTAs that the device cannot place (launch_plan.h). Included by
-// forward.cuh.
+// (GroupArgs): any row, on a block of kMaxGroup threads that walks it tile by tile. It serves the
+// rows past the row kernels' reach (bf16: H > 524288; on a device without clusters, past 32768,
+// the fused op's past 16384) and those of a cluster of 16 CTAs that the device cannot place
+// (launch_plan.h). Every such row needs more than 256 threads of row kernels, so the launch plan
+// gives the tiled kernels one row a block of kMaxGroup threads (tiled_plan), whatever H. Included
+// by forward.cuh.
 #pragma once
 
 #include "args.cuh"
@@ -18,8 +20,9 @@
 namespace polynorm {
 namespace {
 
-// One pass accumulates sum x^2, x^4, x^6 in opmath (MATH.md (1)); one group reduction combines
-// all three; then rstd = [r_3, r_2, r_1] (MATH.md (2)) and y (MATH.md (3)) are written.
+// One pass accumulates sum x^2, x^4, x^6 in opmath (MATH.md (1)); one block reduction combines
+// all three; then rstd = [r_3, r_2, r_1] (MATH.md (2)) and y (MATH.md (3)) are written. Launched
+// with a block of kMaxGroup threads a row and a block a row (gridDim.x = M).
 template <typename scalar_t, bool kMul>
 __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
@@ -32,28 +35,29 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
     ParamRef bias,                                 // (1,) any float dtype
     MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
     GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
-    int64_t M,
+    [[maybe_unused]] int64_t M,                    // rows: gridDim.x, a block a row
     int64_t H,
     double eps) {
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  __shared__ acc_t smem[kMaxGroup / 32][3];
+  constexpr int G = kMaxGroup;
+  __shared__ acc_t smem[G / 32][3];
 
-  const int G = blockDim.x;
-  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool active = row < M;  // inactive threads still join the reductions
-  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-  scalar_t* y_row = y + (active ? row : 0) * H;
+  const int64_t row = blockIdx.x;
+  const scalar_t* x_row = x + row * x_row_stride;
+  scalar_t* y_row = y + row * H;
 
   // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
   const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
-  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
+  const int64_t expert = grouped ? expert_of(grouping.offsets, row) : grouping.offsets.E;
   const bool owned = !grouped || expert < grouping.offsets.E;
 
-  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
-  // Rows of up to G * kFwdPacks packs stay in registers (x read once). Longer rows are walked
-  // twice, tile by tile; the second walk mostly hits L2.
-  const bool resident = packs <= int64_t(G) * kFwdPacks;
+  const int64_t packs = owned ? (H + P::kVec - 1) / P::kVec : 0;
+  // Rows of up to G * kFwdPacks packs stay in registers (x read once); longer rows are walked
+  // twice, tile by tile, the second walk mostly in L2. Only the fused op's rows on a device
+  // without clusters are that short here (bf16 16386-32768): PolyNorm's rows reach the tiled
+  // kernel only past 4096 packs (launch_plan.h), so its builds leave the resident path out.
+  const bool resident = kMul && packs <= int64_t(G) * kFwdPacks;
 
   Pack buf[kFwdPacks];
   acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
@@ -85,14 +89,13 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
       }
     }
   }
-  group_reduce<3>(s, smem);
+  tile_reduce<G, 3>(s, smem);
 
   const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
   const acc_t e = static_cast<acc_t>(eps);
   const acc_t r1 = rstd_of(s[0], inv_h, e);
   const acc_t r2 = rstd_of(s[1], inv_h, e);
   const acc_t r3 = rstd_of(s[2], inv_h, e);
-  if (!active) return;  // no barrier below
   if (!owned) {  // grouped, a row of no expert: y = 0, rstd = 0
     for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
       store_pack(y_row, p, H, y_vec_ok, make_uint4(0u, 0u, 0u, 0u));

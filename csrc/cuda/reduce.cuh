@@ -1,5 +1,5 @@
 // The CUDA kernels' reductions, each in a fixed order set by the launch geometry alone (so by
-// H and the dtype): over a tiled kernel's row group (group_reduce), a row of one CTA
+// H and the dtype): over a tiled kernel's block (tile_reduce), a row of one CTA
 // (row_reduce) or of a thread-block cluster (cluster_row_reduce), and the backward's dW/dB
 // block partials, summed by its last block or by a kernel of their own (ParamGrads,
 // finish_param_grads, param_sum_kernel). Lane layout: row_lanes.cuh.
@@ -12,34 +12,28 @@
 namespace polynorm {
 namespace {
 
-// Sums N values over the G threads of each row group; every thread of the group gets
-// the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
-// to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
-// shared memory and every thread adds the warp totals in warp order. The shape of the
-// tree depends only on G. All threads of the block must call it.
-template <int N, typename acc_t>
-__device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
-  const int G = blockDim.x;
-  const int width = G < 32 ? G : 32;
+// Sums N values over the kThreads threads of a tiled kernel's block, which holds one row; every
+// thread gets the total. Inside a warp: xor shuffles; then each warp's lane 0 writes its totals to
+// shared memory (`smem`: [kThreads / 32][N]) and every thread adds the warp totals in warp order.
+// The tree depends only on kThreads. All threads of the block must call it.
+template <int kThreads, int N, typename acc_t>
+__device__ __forceinline__ void tile_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
+  static_assert(kThreads % 32 == 0, "whole warps");
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
   }
-  if (G > 32) {
-    const int warps = G / 32;
-    const int warp = threadIdx.x / 32;
-    acc_t(*group_smem)[N] = smem + threadIdx.y * warps;
-    if (threadIdx.x % 32 == 0) {
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) group_smem[warp][k] = v[k];
-    }
-    __syncthreads();
+    for (int k = 0; k < N; ++k) smem[warp][k] = v[k];
+  }
+  __syncthreads();
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      acc_t total = group_smem[0][k];
-      for (int w = 1; w < warps; ++w) total += group_smem[w][k];
-      v[k] = total;
-    }
+  for (int k = 0; k < N; ++k) {
+    acc_t total = smem[0][k];
+    for (int w = 1; w < kThreads / 32; ++w) total += smem[w][k];
+    v[k] = total;
   }
 }
 
