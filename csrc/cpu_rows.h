@@ -11,13 +11,13 @@
 #pragma once
 
 #include "polynorm.h"
+#include "polynorm_math.h"
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <array>
-#include <cmath>
 #include <cstdint>
 
 namespace polynorm {
@@ -66,22 +66,9 @@ struct SameParams {
   const Params<acc_t>* operator()(int64_t /*row*/) const { return &p; }
 };
 
-// y_j in the accumulation type, in the Horner form of docs/MATH.md (Forward): the forward's
-// value, and the fused backward's recomputation of it for grad_mul, bit for bit.
-template <typename acc_t>
-struct PolyCoeffs {
-  acc_t a1, a2, a3, b;  // w2 * r_1, w1 * r_2, w0 * r_3, bias
-  acc_t y(acc_t v) const { return v * (a1 + v * (a2 + v * a3)) + b; }
-};
-
-template <typename acc_t>
-PolyCoeffs<acc_t> poly_coeffs(const Params<acc_t>& p, acc_t r3, acc_t r2, acc_t r1) {
-  return {p[2] * r1, p[1] * r2, p[0] * r3, p[3]};
-}
-
 // The forward over x's rows: out [M, H] contiguous (y, or round(y_acc * mul) when kMul) and
 // rstd [M, 3] (r_3, r_2, r_1) in the accumulation type. kMul: the fused PolyNorm x mul
-// (docs/MATH.md, "Fused PolyNorm x mul"): y_acc is never rounded on its own. A row whose
+// (MATH.md (8)): y_acc is never rounded on its own. A row whose
 // lookup gives nullptr is not read; its out and rstd are 0.
 template <typename scalar_t, bool kMul, typename ParamsOf>
 void poly_norm_fwd_rows(const Rows& x, const Rows* mul, scalar_t* out, at::opmath_type<scalar_t>* rstd,
@@ -100,36 +87,33 @@ void poly_norm_fwd_rows(const Rows& x, const Rows* mul, scalar_t* out, at::opmat
         continue;
       }
       const scalar_t* x_row = x_data + row * x.row_stride;
-      // One pass yields sum x^2, x^4, x^6.
+      // One pass yields sum x^2, x^4, x^6 (MATH.md (1)).
       const auto s = pairwise_sum<3, acc_t>(0, H, [&](int64_t j, acc_t* acc) {
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t v2 = v * v;
-        acc[0] += v2;
-        acc[1] += v2 * v2;
-        acc[2] += v2 * v2 * v2;
+        add_row_sums(acc, static_cast<acc_t>(x_row[j]));
       });
       const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-      const acc_t r1 = acc_t(1) / std::sqrt(s[0] * inv_h + static_cast<acc_t>(eps));
-      const acc_t r2 = acc_t(1) / std::sqrt(s[1] * inv_h + static_cast<acc_t>(eps));
-      const acc_t r3 = acc_t(1) / std::sqrt(s[2] * inv_h + static_cast<acc_t>(eps));
+      const acc_t e = static_cast<acc_t>(eps);
+      const acc_t r1 = rstd_of(s[0], inv_h, e), r2 = rstd_of(s[1], inv_h, e), r3 = rstd_of(s[2], inv_h, e);
       rstd[row * 3 + 0] = r3;
       rstd[row * 3 + 1] = r2;
       rstd[row * 3 + 2] = r1;
-      const PolyCoeffs<acc_t> poly = poly_coeffs(*p, r3, r2, r1);
-      if constexpr (kMul) {
+      const auto& [w0, w1, w2, b] = *p;
+      const HornerCoeffs<acc_t> a = forward_coeffs(w0, w1, w2, r3, r2, r1);
+      if constexpr (kMul) {  // MATH.md (8): y_j unrounded, times mul_j, rounded once
         const scalar_t* mul_row = mul_data + row * mul->row_stride;
         for (int64_t j = 0; j < H; ++j) {
-          out_row[j] = static_cast<scalar_t>(poly.y(static_cast<acc_t>(x_row[j])) * static_cast<acc_t>(mul_row[j]));
+          out_row[j] = static_cast<scalar_t>(poly_value(static_cast<acc_t>(x_row[j]), a, b) *
+                                             static_cast<acc_t>(mul_row[j]));
         }
       } else {
-        for (int64_t j = 0; j < H; ++j) out_row[j] = static_cast<scalar_t>(poly.y(static_cast<acc_t>(x_row[j])));
+        for (int64_t j = 0; j < H; ++j) out_row[j] = static_cast<scalar_t>(poly_value(static_cast<acc_t>(x_row[j]), a, b));
       }
     }
   });
 }
 
 // The backward over x's rows: dx [M, H] contiguous and row_partials [M, 4], each row's
-// [r_3 S_3, r_2 S_2, r_1 S_1, G] (its share of dw0, dw1, dw2, db; docs/MATH.md, Backward).
+// [r_3 S_3, r_2 S_2, r_1 S_1, G] (its share of dw0, dw1, dw2, db: MATH.md (7)).
 // kMul: g_j = grad_out_j * mul_j, formed in acc_t and never rounded, drives PolyNorm's
 // backward, and dmul_j = round(grad_out_j * y_j) with y_j recomputed from x and rstd (the
 // lookup's bias is read only for that). A row whose lookup gives nullptr is not read: its dx
@@ -157,7 +141,7 @@ void poly_norm_bwd_rows(const Rows& g, const Rows& x, const Rows* mul, const at:
       const scalar_t* g_row = g_data + row * g.row_stride;
       const scalar_t* x_row = x_data + row * x.row_stride;
       const scalar_t* mul_row = kMul ? mul_data + row * mul->row_stride : nullptr;
-      // PolyNorm's incoming gradient at column j.
+      // PolyNorm's incoming gradient at column j (the fused op's: MATH.md (9)).
       const auto grad = [&](int64_t j) -> acc_t {
         if constexpr (kMul) {
           return static_cast<acc_t>(g_row[j]) * static_cast<acc_t>(mul_row[j]);
@@ -165,38 +149,24 @@ void poly_norm_bwd_rows(const Rows& g, const Rows& x, const Rows* mul, const at:
           return static_cast<acc_t>(g_row[j]);
         }
       };
-      // S_p = sum g x^p (p = 1, 2, 3) and G = sum g.
+      // S_p = sum g x^p (p = 1, 2, 3) and G = sum g (MATH.md (4)).
       const auto s = pairwise_sum<4, acc_t>(0, H, [&](int64_t j, acc_t* acc) {
-        const acc_t gv = grad(j);
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t gx = gv * v;
-        acc[0] += gx;
-        acc[1] += gx * v;
-        acc[2] += gx * v * v;
-        acc[3] += gv;
+        add_row_grad_sums(acc, static_cast<acc_t>(x_row[j]), grad(j));
       });
       const acc_t r3 = rstd[row * 3 + 0], r2 = rstd[row * 3 + 1], r1 = rstd[row * 3 + 2];
       const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-      // c_p = w(p) * p * r_p and d_p = c_p * r_p^2 * S_p / H (docs/MATH.md), multiplied as
-      // c_p * ((r_p * S_p / H) * r_p): r_p * S_p / H stays near the size of x^p * g, where
-      // r_p^3 alone under- or overflows fp32 for |x| >~ 3e4 (r_3^3 ~ |x|^-9) or tiny rows.
-      const acc_t c1 = (*p)[2] * r1, c2 = acc_t(2) * (*p)[1] * r2, c3 = acc_t(3) * (*p)[0] * r3;
-      const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
-      const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-      const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
+      const auto& [w0, w1, w2, b] = *p;
+      const GradCoeffs<acc_t> k = backward_coeffs(w0, w1, w2, r3, r2, r1, s[0], s[1], s[2], inv_h);
       for (int64_t j = 0; j < H; ++j) {
-        const acc_t gv = grad(j);
-        const acc_t v = static_cast<acc_t>(x_row[j]);
-        const acc_t v2 = v * v;
-        dx_row[j] = static_cast<scalar_t>(gv * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3)));
+        dx_row[j] = static_cast<scalar_t>(grad_x_value(static_cast<acc_t>(x_row[j]), grad(j), k));
       }
-      if constexpr (kMul) {
-        const PolyCoeffs<acc_t> poly = poly_coeffs(*p, r3, r2, r1);  // the forward's y_j, bit for bit
+      if constexpr (kMul) {  // MATH.md (10): the forward's y_j, bit for bit, times grad_out_j
+        const HornerCoeffs<acc_t> a = forward_coeffs(w0, w1, w2, r3, r2, r1);
         for (int64_t j = 0; j < H; ++j) {
-          dmul_row[j] = static_cast<scalar_t>(static_cast<acc_t>(g_row[j]) * poly.y(static_cast<acc_t>(x_row[j])));
+          dmul_row[j] = static_cast<scalar_t>(static_cast<acc_t>(g_row[j]) * poly_value(static_cast<acc_t>(x_row[j]), a, b));
         }
       }
-      // This row's share of dw0, dw1, dw2, db.
+      // This row's share of dw0, dw1, dw2, db (MATH.md (7)).
       row_partials[row * 4 + 0] = r3 * s[2];
       row_partials[row * 4 + 1] = r2 * s[1];
       row_partials[row * 4 + 2] = r1 * s[0];

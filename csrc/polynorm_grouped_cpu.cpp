@@ -7,7 +7,7 @@
 // operations), with that expert's parameters. Rows at or past offsets[E-1] belong to no
 // expert: they are not read; y, rstd and grad_x are 0 there.
 //
-// Parameter gradients: each row writes its [r_3 S_3, r_2 S_2, r_1 S_1, G] (docs/MATH.md) to
+// Parameter gradients: each row writes its [r_3 S_3, r_2 S_2, r_1 S_1, G] (MATH.md (11)) to
 // an [M, 4] buffer, and each expert's four sums are the pairwise sum of its own segment, whose
 // order depends only on the segment's length. So an expert's dW and dB are bitwise those of
 // polynorm::backward run on that expert's rows alone, whatever the other experts hold, on

@@ -59,8 +59,8 @@ def test_reference_output_is_contiguous(layout):
     torch.testing.assert_close(y, reference.poly_norm(x.contiguous(), w, b), rtol=0, atol=0)
 
 
-# Issue 16: the oracle checked nothing (an int64 x gave an int64 y, eps = -5 gave NaN, a
-# 2-element weight a reshape error). It now runs the ops' checks, with their messages.
+# The oracle runs the ops' argument checks, with their messages: unchecked, an int64 x gave an
+# int64 y, eps = -5 gave NaN, and a 2-element weight a reshape error.
 _GOOD = dict(x=torch.randn(3, 8), weight=torch.tensor([0.3, -0.4, 0.9]), bias=torch.tensor([0.1]), eps=1e-6)
 REFERENCE_ERRORS = [
     ("int64 x", dict(x=torch.arange(24).reshape(3, 8)), RuntimeError, "expected x to be float32, float64, float16 or bfloat16, got torch.int64"),

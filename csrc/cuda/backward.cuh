@@ -1,13 +1,18 @@
 // The backward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
-// (GroupArgs): the tiled kernel and the row kernel, each writing dx and its block's dW/dB
-// partial (grouped: per-row terms). Which serves which row: launch_plan.h; launched by
-// launch.cuh; the forward kernels: forward.cuh.
+// (GroupArgs): the row kernel here (x and grad_y in registers, on one CTA or a thread-block
+// cluster), the tiled kernel in backward_tiled.cuh; each writes dx and its block's dW/dB partial
+// (grouped: per-row terms). Which serves which row: launch_plan.h; launched by launch.cuh; the
+// forward kernels: forward.cuh.
 #pragma once
 
 #include "args.cuh"
+#include "backward_tiled.cuh"
 #include "launch_plan.h"
 #include "packs.cuh"
+#include "polynorm_math.h"
 #include "reduce.cuh"
+#include "row_lanes.cuh"
+#include "row_phase.cuh"
 
 #include <ATen/OpMathType.h>
 
@@ -16,215 +21,47 @@
 namespace polynorm {
 namespace {
 
-// Backward. One pass accumulates S_1, S_2, S_3 (S_p = sum g x^p) and sum g; one group
-// reduction combines all four; then dx is written (docs/MATH.md):
-//   c_p = w(p) p r_p,  d_p = c_p r_p^2 S_p / H,
-//   dx  = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)).
-// Each block also writes its rows' share of [dw0, dw1, dw2, db] = sum over rows of
-// [r_3 S_3, r_2 S_2, r_1 S_1, sum g], summed over its row groups in a fixed order.
-template <typename scalar_t, bool kMul>
-__global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
-    const scalar_t* __restrict__ grad_y,                 // [M, H], rows g_row_stride apart (0 for an expand)
-    int64_t g_row_stride,
-    bool g_vec_ok,
-    const scalar_t* __restrict__ x,                      // [M, H], rows x_row_stride apart
-    int64_t x_row_stride,
-    bool x_vec_ok,
-    const at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                                     // (3,) any float dtype: [w0, w1, w2]
-    scalar_t* __restrict__ grad_x,                       // [M, H] contiguous
-    bool dx_vec_ok,
-    ParamGrads<at::opmath_type<scalar_t>> param_grads,   // dW, dB: partials, then the last block's sum (or apart)
-    MulArgs<scalar_t> mul,                               // kMul: grad_y = grad_out * mul; writes grad_mul
-    GroupArgs<at::opmath_type<scalar_t>> grouping,       // grouped: a per-row expert; row terms, not param_grads
-    int64_t M,
-    int64_t H) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  __shared__ acc_t smem[kMaxGroup / 32][4];
-  __shared__ acc_t row_part[kBlockThreads][4];
-
-  const int G = blockDim.x;
-  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool active = row < M;
-  const scalar_t* g_row = grad_y + (active ? row : 0) * g_row_stride;
-  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-  scalar_t* dx_row = grad_x + (active ? row : 0) * H;
-  const scalar_t* m_row = kMul ? mul.mul + (active ? row : 0) * mul.row_stride : nullptr;
-  scalar_t* dm_row = kMul ? mul.grad_mul + (active ? row : 0) * H : nullptr;
-
-  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
-  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
-  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
-  const bool owned = !grouped || expert < grouping.offsets.E;
-
-  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
-  // As in forward: rows of up to G * kBwdPacks packs keep x and grad_y in registers.
-  const bool resident = packs <= int64_t(G) * kBwdPacks;
-
-  Pack xb[kBwdPacks];
-  Pack gb[kBwdPacks];
-  Pack mb[kMul ? kBwdPacks : 1];  // kMul: mul's packs; gb holds grad_out's
-  // g: the gradient reaching PolyNorm's y (grad_out * mul when kMul), in opmath.
-  auto grad_of = [&](const Pack& gp, const Pack& mp, int e) {
-    if constexpr (kMul) return P::value(gp, e) * P::value(mp, e);
-    return P::value(gp, e);
-  };
-  acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-  auto accumulate = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
+// The staged build's stage (kAlignedStaged: the fused backward's aligned rows of clusters, their packs
+// copied a row ahead; launch_plan.h, row_staged). A thread's stage (CTAs of kStageThreads threads
+// (launch_plan.h's kRowStageThreads), rows of whole warps, so a lane's packs are base + 32 i): slot i of tensor t at stage[(t kPacks + i) kStageThreads + threadIdx.x], so that a warp's 16-byte
+// reads and writes are consecutive and every slot's address a constant offset from the thread's first.
+// stage_copies issues one cp.async a slot of a row into tensor t's slots (zero-filled past the row's packs:
+// the table stages only rows whose every slot is in the row, launch_plan.h row_staged, so that is defensive);
+// `after`, a zero computed from the registers last read from the stage, orders the copies after those reads.
+// Each thread reads back only what it copied itself (cp.async.wait_group makes a thread's own copies visible
+// to it): no barrier.
+constexpr int kStageThreads = 256;  // = kRowStageThreads (launch_plan.h; static_assert in the row kernel)
+template <typename scalar_t, int kPacks>
+__device__ __forceinline__ void stage_copies(Pack* stage, int t, const scalar_t* row, int packs, const RowLane& rl,
+                                             uint32_t after) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint64_t src = static_cast<uint64_t>(__cvta_generic_to_global(reinterpret_cast<const Pack*>(row) + rl.base));
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(stage + t * kPacks * kStageThreads + int(threadIdx.x))) + after;
+  const int left = packs - rl.base;  // slot i is in the row: 32 i < left
 #pragma unroll
-    for (int e = 0; e < P::kVec; ++e) {
-      const acc_t v = P::value(xp, e);
-      const acc_t g = grad_of(gp, mp, e);
-      const acc_t gx = g * v;
-      s[0] += gx;
-      s[1] += gx * v;
-      s[2] += gx * v * v;
-      s[3] += g;
-    }
-  };
-  if (resident) {
-    const int n = static_cast<int>(packs);
-#pragma unroll
-    for (int i = 0; i < kBwdPacks; ++i) {
-      const int p = threadIdx.x + i * G;
-      if (p < n) {
-        xb[i] = load_pack(x_row, p, H, x_vec_ok);
-        gb[i] = load_pack(g_row, p, H, g_vec_ok);
-        if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kBwdPacks; ++i) {
-      if (int(threadIdx.x) + i * G < n) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
-    }
-  } else {
-    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
-#pragma unroll
-      for (int i = 0; i < kBwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) {
-          xb[i] = load_pack(x_row, p, H, x_vec_ok);
-          gb[i] = load_pack(g_row, p, H, g_vec_ok);
-          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kBwdPacks; ++i) {
-        if (p0 + int64_t(i) * G < packs) accumulate(xb[i], gb[i], mb[kMul ? i : 0]);
-      }
-    }
+  for (int i = 0; i < kPacks; ++i) {
+    // Past the row: no byte is read (src-size 0), the slot zero-filled.
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + uint32_t(i * kStageThreads * 16)),
+                 "l"(src + uint64_t(i * 32 * 16)), "r"(32 * i < left ? 16 : 0)
+                 : "memory");
   }
-  group_reduce<4>(s, smem);
-
-  acc_t r3 = acc_t(0), r2 = acc_t(0), r1 = acc_t(0);
-  if (active && owned) {
-    r3 = rstd[row * 3 + 0];
-    r2 = rstd[row * 3 + 1];
-    r1 = rstd[row * 3 + 2];
-  }
-  if (grouped) {
-    // The row's share of its expert's [dw0, dw1, dw2, db] (0 for a row of no expert).
-    if (active && threadIdx.x == 0) {
-      grouping.row_terms[row * 4 + 0] = r3 * s[2];
-      grouping.row_terms[row * 4 + 1] = r2 * s[1];
-      grouping.row_terms[row * 4 + 2] = r1 * s[0];
-      grouping.row_terms[row * 4 + 3] = s[3];
-    }
-  } else {
-    // This block's share of the parameter gradients: row groups in order, then one write.
-    if (threadIdx.x == 0) {
-      row_part[threadIdx.y][0] = active ? r3 * s[2] : acc_t(0);
-      row_part[threadIdx.y][1] = active ? r2 * s[1] : acc_t(0);
-      row_part[threadIdx.y][2] = active ? r1 * s[0] : acc_t(0);
-      row_part[threadIdx.y][3] = active ? s[3] : acc_t(0);
-    }
-    __syncthreads();
-    const int tid = threadIdx.y * G + threadIdx.x;  // G may be smaller than 4
-    if (tid < 4) {
-      acc_t total = row_part[0][tid];
-      for (int r = 1; r < blockDim.y; ++r) total += row_part[r][tid];
-      param_grads.partials[int64_t(blockIdx.x) * 4 + tid] = total;
-    }
-    finish_param_grads(param_grads, tid, int(blockDim.x * blockDim.y));
-  }
-  if (!active) return;  // no barrier below
-  if (!owned) {  // grouped, a row of no expert: grad_x = 0
-    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
-      store_pack(dx_row, p, H, dx_vec_ok, make_uint4(0u, 0u, 0u, 0u));
-    }
-    return;
-  }
-
-  // The row's weights: the kernel's, or its expert's.
-  acc_t w0, w1, w2, no_bias;
-  if (grouped) {
-    expert_params(grouping, weight, nullptr, expert, w0, w1, w2, no_bias);
-  } else {
-    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1), w2 = load_param<acc_t>(weight, 2);
-  }
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  const acc_t c1 = w2 * r1;
-  const acc_t c2 = acc_t(2) * w1 * r2;
-  const acc_t c3 = acc_t(3) * w0 * r3;
-  const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);  // not r^3 first: see the row kernel
-  const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-  const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
-
-  // kMul: y's Horner coefficients, as forward computes them.
-  const acc_t a3 = kMul ? w0 * r3 : acc_t(0);
-  const acc_t a2 = kMul ? w1 * r2 : acc_t(0);
-  const acc_t a1 = kMul ? w2 * r1 : acc_t(0);
-  const acc_t b = kMul ? load_param<acc_t>(mul.bias, 0) : acc_t(0);
-  // Writes pack p of dx (and, kMul, of grad_mul).
-  auto output = [&](const Pack& xp, const Pack& gp, const Pack& mp, int64_t p) {
-    Pack out;
+#endif
+}
+__device__ __forceinline__ void stage_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Tensor t's slots of this thread, once its copies have landed (stage_wait).
+template <int kPacks>
+__device__ __forceinline__ void stage_read(Pack (&buf)[kPacks], const Pack* stage, int t) {
 #pragma unroll
-    for (int e = 0; e < P::kVec; ++e) {
-      const acc_t v = P::value(xp, e);
-      const acc_t g = grad_of(gp, mp, e);
-      const acc_t v2 = v * v;
-      P::set(out, e, Elem<scalar_t>::from_acc(g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3))));
-    }
-    store_pack(dx_row, p, H, dx_vec_ok, out);
-    if constexpr (kMul) {
-#pragma unroll
-      for (int e = 0; e < P::kVec; ++e) {
-        const acc_t v = P::value(xp, e);
-        P::set(out, e, Elem<scalar_t>::from_acc(P::value(gp, e) * (v * (a1 + v * (a2 + v * a3)) + b)));
-      }
-      store_pack(dm_row, p, H, mul.grad_vec_ok, out);
-    }
-  };
-  if (resident) {
-    const int n = static_cast<int>(packs);
-#pragma unroll
-    for (int i = 0; i < kBwdPacks; ++i) {
-      const int p = threadIdx.x + i * G;
-      if (p < n) {
-        keep_raw(xb[i]);
-        keep_raw(gb[i]);
-        output(xb[i], gb[i], mb[kMul ? i : 0], p);
-      }
-    }
-  } else {
-    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kBwdPacks) {
-#pragma unroll
-      for (int i = 0; i < kBwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) {
-          xb[i] = load_pack(x_row, p, H, x_vec_ok);
-          gb[i] = load_pack(g_row, p, H, g_vec_ok);
-          if constexpr (kMul) mb[i] = load_pack(m_row, p, H, mul.vec_ok);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kBwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) output(xb[i], gb[i], mb[kMul ? i : 0], p);
-      }
-    }
-  }
+  for (int i = 0; i < kPacks; ++i) buf[i] = stage[(t * kPacks + i) * kStageThreads + int(threadIdx.x)];
+}
+__device__ __forceinline__ void stage_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
 }
 
 // The row kernels' sums of a lane, in the class order: class k is element k of each of the lane's
@@ -238,7 +75,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 // k (the same products, in the same slot order), writes the classes to its warp's area, and then
 // reads, in its packs' class order, classes p .. kVec - 1 back from its own and classes 0 .. p - 1
 // from the next lane's: the aligned row's bits, with no realignment of any pack (the stage that
-// the forward keeps, packs.cuh). A segment's first lane leaves out slot 0's elements k < p
+// the forward keeps, row_phase.cuh). A segment's first lane leaves out slot 0's elements k < p
 // (before the row, or the previous segment's, which that segment has in its ext) and adds its
 // segment's ext (its last lane's, by a shuffle) after its last slot: elements k < p only.
 // Zeros in place of a term leave a class sum as it was, but for its sign of zero (a class sum
@@ -248,7 +85,7 @@ __global__ void __launch_bounds__(kMaxGroup) poly_norm_bwd_tiled_kernel(
 // select g = grad_out * mul after the product, the ext's too; nvcc 13 forms that product alike
 // in every build, as a plain multiply. A compiler that fused `t[3] += grad_out * mul` in the
 // aligned loop would break the ext term's dB bits: selecting the raw values before the product
-// would be robust to that; not done yet, as it changes the compiled code.)
+// would be robust to that, with other compiled code.)
 template <typename acc_t>
 struct alignas(4 * sizeof(acc_t)) ClassSums {
   acc_t v[4];
@@ -317,8 +154,9 @@ __device__ __forceinline__ void class_sums(at::opmath_type<scalar_t> (&s)[4], Cl
   }
 }
 
-// Backward, row kernel: x and grad_y in registers, S_1, S_2, S_3 and sum g in one
-// reduction, then dx; the block's share of [dw0, dw1, dw2, db] goes to partials.
+// The row kernel: x and grad_y in registers; S_1, S_2, S_3 and G (MATH.md (4)) in one reduction,
+// then dx (MATH.md (5)-(6); the fused op's g = grad_out * mul and grad_mul, MATH.md (9)-(10)); the
+// block's share of [dw0, dw1, dw2, db] (MATH.md (7)) goes to partials.
 template <typename scalar_t, int kPacks, int kBuild, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
 __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 3 : 2) * kPacks,
                                                               kBuild != kAligned && kBuild != kAlignedStaged))
@@ -354,14 +192,14 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   static_assert(!kStaged || (kMaxThreads == kStageThreads && kStageThreads == kRowStageThreads && !kGrouped),
                 "the staged build: CTAs of kRowStageThreads, not grouped");
   constexpr int kLayout = build_layout(kBuild);
-  // The tail builds (packs.cuh, row_tail): the row's 2 to kVec - 1 elements past its slots on its last lane.
+  // The tail builds (row_lanes.cuh, row_tail): the row's 2 to kVec - 1 elements past its slots on its last lane.
   constexpr bool kWideTail = wide_tail_build(kBuild);
   constexpr bool kRealign = kLayout != kAligned;  // as in forward
   // The rows as chunks, summed in the class order through the class areas (class_sums): the
   // same-phase and realigned builds; the aligned and pack-realigned ones hold packs.
   constexpr bool kChunks = kLayout == kRealigned || kLayout == kSamePhase;
   constexpr bool kToPacks = kLayout == kPackRealigned;  // misaligned inputs realigned to packs (finish_row)
-  // The realigned build works in one phase a row (packs.cuh, issue_row_at): x's rows', else
+  // The realigned build works in one phase a row (row_phase.cuh, issue_row_at): x's rows', else
   // grad_y's, else grad_x's, the first whose flag is false (the host's choice: the flags are set
   // against it, and same_phase_rows is an equivalence, so the first unflagged tensor is in it); a
   // flag says that the tensor's rows are not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
@@ -374,7 +212,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   const bool m_realign = kMul && (kLayout == kRealigned || kToPacks) && !mul.vec_ok;
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // row_lanes.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
@@ -538,13 +376,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
     // realigned builds sum their chunks (as loaded; in the row's phase) and take the classes that
     // belong to its packs from its own and its next lane's sums. Past the row, the packs hold zeros.
     acc_t s[4] = {acc_t(0), acc_t(0), acc_t(0), acc_t(0)};
-    const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) {
-      const acc_t gx = g * v;
-      t[0] += gx;
-      t[1] += gx * v;
-      t[2] += gx * v * v;
-      t[3] += g;
-    };
+    const auto add_to = [](acc_t (&t)[4], acc_t v, acc_t g) { add_row_grad_sums(t, v, g); };  // MATH.md (4)
     const auto add = [&](acc_t v, acc_t g) { add_to(s, v, g); };
     if constexpr (kChunks) {
       class_sums<scalar_t, kPacks, kMul>(s, class_area, xb, gb, mb, x_ext, g_ext, m_ext, chunk_phase, rl, add_to);
@@ -594,20 +426,13 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       part[2] += r1 * s[0];
       part[3] += s[3];
     }
-    // d_p = c_p r_p^2 S_p / H, as c_p ((r_p S_p / H) r_p): r_p^3 alone leaves fp32's
-    // range for |x| ~ 3e4 or tiny rows with eps = 0.
-    const acc_t c1 = rw2 * r1, c2 = acc_t(2) * rw1 * r2, c3 = acc_t(3) * rw0 * r3;
-    const acc_t d1 = c1 * ((r1 * s[0] * inv_h) * r1);
-    const acc_t d2 = c2 * ((r2 * s[1] * inv_h) * r2);
-    const acc_t d3 = c3 * ((r3 * s[2] * inv_h) * r3);
-    // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y
+    const GradCoeffs<acc_t> cd = backward_coeffs(rw0, rw1, rw2, r3, r2, r1, s[0], s[1], s[2], inv_h);  // MATH.md (5)
+    // kMul: y's Horner coefficients, as forward computes them; grad_mul = grad_out * y (MATH.md (10))
     // goes to gb (grad_out's registers), x's become dx.
-    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
-    const auto dx_at = [&](acc_t v, acc_t g) {
-      const acc_t v2 = v * v;
-      return g * (c1 + v * (c2 + v * c3)) - v * (d1 + v2 * (d2 + v2 * d3));
-    };
-    const auto grad_mul_at = [&](acc_t v, acc_t grad_out) { return grad_out * (v * (a1 + v * (a2 + v * a3)) + mb_bias); };
+    const HornerCoeffs<acc_t> a = forward_coeffs(rw0, rw1, rw2, r3, r2, r1);
+    const auto dx_at = [&](acc_t v, acc_t g) { return grad_x_value(v, g, cd); };  // MATH.md (6)
+    // `a` by value: taken by reference, ptxas scheduled the fused tail builds' loads otherwise.
+    const auto grad_mul_at = [a, mb_bias](acc_t v, acc_t grad_out) { return grad_out * poly_value(v, a, mb_bias); };
     const auto dx_of = [&](const Pack& xp, const Pack& gp, const Pack& mp) {
       return P::make([&](int k) { return dx_at(P::value(xp, k), grad_of(gp, mp, k)); });
     };
@@ -692,7 +517,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       }
     }
     // The tail's outputs, last: the chunks' stores may reach into the tail, the realigned build's with wrong values
-    // (packs.cuh, row_tail), which these overwrite from the same lane.
+    // (row_lanes.cuh, row_tail), which these overwrite from the same lane.
     if (kWideTail && active && tail > 0) {
       store_tail(grad_x + r * H, H, tail, [&](int k) { return dx_at(P::value(x_tail, k), grad_of(g_tail, m_tail, k)); });
       if constexpr (kMul) {

@@ -1,13 +1,17 @@
 // The forward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
-// (GroupArgs): the tiled kernel (any row, walked tile by tile) and the row kernel (the row in
-// registers, on one CTA or a thread-block cluster). Which serves which row: launch_plan.h;
-// launched by launch.cuh; the backward kernels: backward.cuh.
+// (GroupArgs): the row kernel here (the row in registers, on one CTA or a thread-block cluster),
+// the tiled kernel in forward_tiled.cuh. Which serves which row: launch_plan.h; launched by
+// launch.cuh; the backward kernels: backward.cuh.
 #pragma once
 
 #include "args.cuh"
+#include "forward_tiled.cuh"
 #include "launch_plan.h"
 #include "packs.cuh"
+#include "polynorm_math.h"
 #include "reduce.cuh"
+#include "row_lanes.cuh"
+#include "row_phase.cuh"
 
 #include <ATen/OpMathType.h>
 
@@ -16,165 +20,12 @@
 namespace polynorm {
 namespace {
 
-// Forward. One pass accumulates sum x^2, x^4, x^6 in opmath; one group reduction
-// combines all three; then rstd = [r_3, r_2, r_1] and y (Horner form) are written.
-template <typename scalar_t, bool kMul>
-__global__ void __launch_bounds__(kMaxGroup) poly_norm_fwd_tiled_kernel(
-    const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
-    int64_t x_row_stride,
-    bool x_vec_ok,                                 // x rows are 16-byte aligned
-    scalar_t* __restrict__ y,                      // [M, H] contiguous
-    bool y_vec_ok,                                 // y rows are 16-byte aligned (H % VEC == 0)
-    at::opmath_type<scalar_t>* __restrict__ rstd,  // [M, 3] opmath: rstd of x^3, x^2, x
-    ParamRef weight,                               // (3,) any float dtype: [w0, w1, w2]
-    ParamRef bias,                                 // (1,) any float dtype
-    MulArgs<scalar_t> mul,                         // kMul: y is multiplied by mul
-    GroupArgs<at::opmath_type<scalar_t>> grouping, // grouped: a per-row expert (weight [E, 3], bias [E])
-    int64_t M,
-    int64_t H,
-    double eps) {
-  using acc_t = at::opmath_type<scalar_t>;
-  using P = PackOf<scalar_t>;
-  __shared__ acc_t smem[kMaxGroup / 32][3];
-
-  const int G = blockDim.x;
-  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
-  const bool active = row < M;  // inactive threads still join the reductions
-  const scalar_t* x_row = x + (active ? row : 0) * x_row_stride;
-  scalar_t* y_row = y + (active ? row : 0) * H;
-
-  // Grouped (GroupArgs): the row's expert (E: none); a row of no expert is not read.
-  const bool grouped = !kMul && grouping.offsets.ptr != nullptr;
-  const int64_t expert = grouped && active ? expert_of(grouping.offsets, row) : grouping.offsets.E;
-  const bool owned = !grouped || expert < grouping.offsets.E;
-
-  const int64_t packs = active && owned ? (H + P::kVec - 1) / P::kVec : 0;
-  // Rows of up to G * kFwdPacks packs stay in registers (x read once); the launch
-  // picks G so that every row up to kMaxGroup * kFwdPacks packs does. Longer rows are
-  // walked twice, tile by tile; the second walk mostly hits L2.
-  const bool resident = packs <= int64_t(G) * kFwdPacks;
-
-  Pack buf[kFwdPacks];
-  acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};
-  auto accumulate = [&](const Pack& pk) {
-#pragma unroll
-    for (int e = 0; e < P::kVec; ++e) {
-      const acc_t v = P::value(pk, e);
-      const acc_t v2 = v * v;
-      s[0] += v2;
-      s[1] += v2 * v2;
-      s[2] += v2 * v2 * v2;
-    }
-  };
-  if (resident) {
-    const int n = static_cast<int>(packs);
-#pragma unroll
-    for (int i = 0; i < kFwdPacks; ++i) {
-      const int p = threadIdx.x + i * G;
-      if (p < n) buf[i] = load_pack(x_row, p, H, x_vec_ok);
-    }
-#pragma unroll
-    for (int i = 0; i < kFwdPacks; ++i) {
-      if (int(threadIdx.x) + i * G < n) accumulate(buf[i]);
-    }
-  } else {
-    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
-#pragma unroll
-      for (int i = 0; i < kFwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
-      }
-#pragma unroll
-      for (int i = 0; i < kFwdPacks; ++i) {
-        if (p0 + int64_t(i) * G < packs) accumulate(buf[i]);
-      }
-    }
-  }
-  group_reduce<3>(s, smem);
-
-  const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
-  const acc_t e = static_cast<acc_t>(eps);
-  // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
-  const acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
-  const acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
-  const acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
-  if (!active) return;  // no barrier below
-  if (!owned) {  // grouped, a row of no expert: y = 0, rstd = 0
-    for (int64_t p = threadIdx.x; p < (H + P::kVec - 1) / P::kVec; p += G) {
-      store_pack(y_row, p, H, y_vec_ok, make_uint4(0u, 0u, 0u, 0u));
-    }
-    if (threadIdx.x == 0) {
-      for (int k = 0; k < 3; ++k) rstd[row * 3 + k] = acc_t(0);
-    }
-    return;
-  }
-  if (threadIdx.x == 0) {
-    rstd[row * 3 + 0] = r3;
-    rstd[row * 3 + 1] = r2;
-    rstd[row * 3 + 2] = r1;
-  }
-  // The row's parameters: the kernel's, or its expert's.
-  acc_t w0, w1, w2, b;
-  if (grouped) {
-    expert_params(grouping, weight, &bias, expert, w0, w1, w2, b);
-  } else {
-    w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1);
-    w2 = load_param<acc_t>(weight, 2), b = load_param<acc_t>(bias, 0);
-  }
-  const acc_t a3 = w0 * r3;
-  const acc_t a2 = w1 * r2;
-  const acc_t a1 = w2 * r1;
-  const scalar_t* m_row = kMul ? mul.mul + row * mul.row_stride : nullptr;
-  auto output = [&](const Pack& pk, int64_t p) {
-    Pack m;
-    if constexpr (kMul) m = load_pack(m_row, p, H, mul.vec_ok);
-    Pack out;
-#pragma unroll
-    for (int e = 0; e < P::kVec; ++e) {
-      const acc_t v = P::value(pk, e);
-      acc_t o = v * (a1 + v * (a2 + v * a3)) + b;  // Horner form
-      if constexpr (kMul) o *= P::value(m, e);
-      P::set(out, e, Elem<scalar_t>::from_acc(o));
-    }
-    return out;
-  };
-
-  if (resident) {
-    const int n = static_cast<int>(packs);
-#pragma unroll
-    for (int i = 0; i < kFwdPacks; ++i) {
-      const int p = threadIdx.x + i * G;
-      if (p < n) {
-        keep_raw(buf[i]);
-        store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
-      }
-    }
-  } else {
-    for (int64_t p0 = threadIdx.x; p0 < packs; p0 += int64_t(G) * kFwdPacks) {
-#pragma unroll
-      for (int i = 0; i < kFwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) buf[i] = load_pack(x_row, p, H, x_vec_ok);
-      }
-#pragma unroll
-      for (int i = 0; i < kFwdPacks; ++i) {
-        const int64_t p = p0 + int64_t(i) * G;
-        if (p < packs) store_pack(y_row, p, H, y_vec_ok, output(buf[i], p));
-      }
-    }
-  }
-}
-
-// Forward, row kernel. blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters
-// of C (R = 1).
+// The row kernel: blockDim.x = R * G; a row of C > 1 CTAs when launched as clusters of C (R = 1).
+// One pass sums x^2, x^4, x^6 (MATH.md (1)), one row reduction, then rstd (MATH.md (2)) and y
+// (MATH.md (3); the fused op's y * mul, MATH.md (8)) from the registers.
 // kGrouped: the grouped builds (GroupArgs read); the others carry no code or registers for it.
-// kRegCap (a bench's A/B, _tune_rows(forward_regs)): 0, the table's builds; 96 or 80, the aligned build of
-// PolyNorm's forward capped at that many registers a thread (args.cuh, row_cap_threads): the same source and sums
-// (whether ptxas keeps every bit under the other budget is tests/test_kernels.py's, test_capped_forward_changes_no_bit).
-template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps,
-          int kRegCap = 0>
-__global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThreads,
-                                  kRegCap ? 2 : row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
+template <typename scalar_t, int kPacks, int kLayout, int kMaxThreads, bool kMul, bool kGrouped, bool kWholeWarps>
+__global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul ? 2 : 1) * kPacks, kLayout != kAligned))
     poly_norm_fwd_row_kernel(
     const scalar_t* __restrict__ x,                // [M, H], rows x_row_stride apart
     int64_t x_row_stride,
@@ -194,8 +45,6 @@ __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThrea
     RowStagger stagger) {                          // the start in quarters (reduce.cuh; grouped: unused)
   using acc_t = at::opmath_type<scalar_t>;
   using P = PackOf<scalar_t>;
-  static_assert(kRegCap == 0 || (kLayout == kAligned && !kMul && !kGrouped && row_cap_threads(kRegCap) >= kMaxThreads),
-                "a capped build: PolyNorm's aligned forward, on blocks it bounds");
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // Dynamic: the same-phase and realigned builds' stage areas (a warp's: stage_words), then, C > 1, the
   // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.
@@ -218,7 +67,7 @@ __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThrea
   const bool m_realign = kMul && kFlags && !mul.vec_ok;  // kMul: mul's rows realigned too
   constexpr bool same_phase = kLayout == kSamePhase;
 
-  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // packs.cuh
+  constexpr bool kShortRows = short_rows(kLayout, kWholeWarps, kGrouped);  // row_lanes.cuh
   const RowLane rl = row_lane<kPacks, kWholeWarps>(G, C);
   const RowBlock blk = row_block(G, C);
   const int R = blk.R;
@@ -291,8 +140,9 @@ __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThrea
       // the realigning build): 16-byte packs under one branch, issued back to back, not load_pack's
       // per-pack branch to an element-wise path, which spread the 8 loads over ~1300 instructions
       // (the same bits). The element-wise path stays, written first (the `if` branch), so that
-      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). Measured (bench/NOTES.md v24): the fused forward at 2048 x 1024 /
-      // 2048 / 4096 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer instructions; 2^26 within the spread.
+      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). The fused
+      // forward at 2048 x 1024 / 2048 / 4096: 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer
+      // instructions (bench/results/h200-2026-12-03e).
       if (!mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {
@@ -332,12 +182,7 @@ __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThrea
     }
 
     acc_t s[3] = {acc_t(0), acc_t(0), acc_t(0)};  // past the row, the packs hold zeros
-    const auto add = [&](acc_t v) {
-      const acc_t v2 = v * v;
-      s[0] += v2;
-      s[1] += v2 * v2;
-      s[2] += v2 * v2 * v2;
-    };
+    const auto add = [&](acc_t v) { add_row_sums(s, v); };
     const StageWindow sw = kStaged ? stage_window(shift, rl) : StageWindow{};
 #pragma unroll
     for (int i = 0; i < kPacks; ++i) {
@@ -356,20 +201,19 @@ __global__ void __launch_bounds__(kRegCap ? row_cap_threads(kRegCap) : kMaxThrea
       row_reduce<3, false, kShortRows>(s, red[parity], rl);
     }
 
-    // 1/sqrt rather than rsqrt: IEEE-rounded, once per row.
-    acc_t r1 = acc_t(1) / sqrt(s[0] * inv_h + e);
-    acc_t r2 = acc_t(1) / sqrt(s[1] * inv_h + e);
-    acc_t r3 = acc_t(1) / sqrt(s[2] * inv_h + e);
+    acc_t r1 = rstd_of(s[0], inv_h, e);
+    acc_t r2 = rstd_of(s[1], inv_h, e);
+    acc_t r3 = rstd_of(s[2], inv_h, e);
     if (!owned) r1 = r2 = r3 = acc_t(0);  // grouped, a row of no expert: rstd = 0
     if (active && rl.lane == 0) {
       rstd[row * 3 + 0] = r3;
       rstd[row * 3 + 1] = r2;
       rstd[row * 3 + 2] = r1;
     }
-    const acc_t a3 = rw0 * r3, a2 = rw1 * r2, a1 = rw2 * r1;
+    const HornerCoeffs<acc_t> a = forward_coeffs(rw0, rw1, rw2, r3, r2, r1);
     const auto output_of = [&](acc_t v, acc_t m) {
-      const acc_t yv = v * (a1 + v * (a2 + v * a3)) + rb;  // Horner form
-      if constexpr (kMul) return yv * m;
+      const acc_t yv = poly_value(v, a, rb);
+      if constexpr (kMul) return yv * m;  // MATH.md (8)
       return yv;
     };
     const auto output = [&](const Pack& in, const Pack& m) {

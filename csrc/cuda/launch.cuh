@@ -464,19 +464,6 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     layout = kPackRealigned;
   }
   auto kernel = build(layout);
-  // A bench's A/B (_tune_rows(forward_regs); launch_plan.h, RowTuning): PolyNorm's aligned rows of the wide build
-  // (16 packs; the 15-pack fp32 build serves only odd rows, never aligned) on a build capped at 96 or 80 registers
-  // a thread (forward.cuh, kRegCap): the same source and sums (the same bits: tests/test_kernels.py,
-  // test_capped_forward_changes_no_bit); more blocks an SM, spills where ptxas needs them. The grid (row_grid) and
-  // the first wave's stagger (row_stagger) follow the capped build's residency. clusters_fit asked the table's
-  // build: the capped one, with fewer registers and the same shared memory, places every cluster that one does.
-  if constexpr (!kMul && kWide && kPacks == kRowFwdPacks && sizeof(scalar_t) <= 4) {
-    if (tuning.forward_regs != 0 && layout == kAligned && !grouped) {
-      kernel = tuning.forward_regs == 96
-                   ? &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, 96>
-                   : &poly_norm_fwd_row_kernel<scalar_t, kPacks, kAligned, 256, false, false, false, 80>;
-    }
-  }
   // The realigned build's phase (forward.cuh): x's rows' or y's (launch_plan.h, realign_phase);
   // the flags say which tensors are realigned into or out of it (mul's: `margs.vec_ok`). The
   // kernel takes x's phase unless x's flag is set, so the host's choice and the kernel's agree:

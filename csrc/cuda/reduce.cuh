@@ -1,44 +1,39 @@
 // The CUDA kernels' reductions, each in a fixed order set by the launch geometry alone (so by
-// H and the dtype): over a tiled kernel's row group (group_reduce), a row of one CTA
+// H and the dtype): over a tiled kernel's block (tile_reduce), a row of one CTA
 // (row_reduce) or of a thread-block cluster (cluster_row_reduce), and the backward's dW/dB
 // block partials, summed by its last block or by a kernel of their own (ParamGrads,
-// finish_param_grads, param_sum_kernel). Lane layout: packs.cuh.
+// finish_param_grads, param_sum_kernel). Lane layout: row_lanes.cuh.
 #pragma once
 
-#include "packs.cuh"
+#include "row_lanes.cuh"
 
+#include <cstdint>
 
 namespace polynorm {
 namespace {
 
-// Sums N values over the G threads of each row group; every thread of the group gets
-// the total. Inside a warp: xor shuffles over offsets < min(G, 32) (groups are aligned
-// to G lanes). Across the G / 32 warps of a larger group: each warp's lane 0 writes to
-// shared memory and every thread adds the warp totals in warp order. The shape of the
-// tree depends only on G. All threads of the block must call it.
-template <int N, typename acc_t>
-__device__ __forceinline__ void group_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
-  const int G = blockDim.x;
-  const int width = G < 32 ? G : 32;
+// Sums N values over the kThreads threads of a tiled kernel's block, which holds one row; every
+// thread gets the total. Inside a warp: xor shuffles; then each warp's lane 0 writes its totals to
+// shared memory (`smem`: [kThreads / 32][N]) and every thread adds the warp totals in warp order.
+// The tree depends only on kThreads. All threads of the block must call it.
+template <int kThreads, int N, typename acc_t>
+__device__ __forceinline__ void tile_reduce(acc_t (&v)[N], acc_t (*smem)[N]) {
+  static_assert(kThreads % 32 == 0, "whole warps");
 #pragma unroll
   for (int k = 0; k < N; ++k) {
-    for (int off = width / 2; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
+    for (int off = 16; off > 0; off /= 2) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
   }
-  if (G > 32) {
-    const int warps = G / 32;
-    const int warp = threadIdx.x / 32;
-    acc_t(*group_smem)[N] = smem + threadIdx.y * warps;
-    if (threadIdx.x % 32 == 0) {
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x % 32 == 0) {
 #pragma unroll
-      for (int k = 0; k < N; ++k) group_smem[warp][k] = v[k];
-    }
-    __syncthreads();
+    for (int k = 0; k < N; ++k) smem[warp][k] = v[k];
+  }
+  __syncthreads();
 #pragma unroll
-    for (int k = 0; k < N; ++k) {
-      acc_t total = group_smem[0][k];
-      for (int w = 1; w < warps; ++w) total += group_smem[w][k];
-      v[k] = total;
-    }
+  for (int k = 0; k < N; ++k) {
+    acc_t total = smem[0][k];
+    for (int w = 1; w < kThreads / 32; ++w) total += smem[w][k];
+    v[k] = total;
   }
 }
 
@@ -94,9 +89,8 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
 // A row grid's staggered start (launch.cuh, row_stagger; not the grouped builds): the grid's first
 // `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
 // q * cycles clock cycles before its first row, so that the blocks an SM holds, and the clusters of
-// the grid, do not load and compute in step. A persistent grid (or any of waves > 0, _tune_rows)
-// staggers every cluster; a grid of a block per R rows the blocks resident at its start, and its
-// later blocks start as others leave.
+// the grid, do not load and compute in step. A persistent grid staggers every cluster; a grid of
+// a block per R rows the blocks resident at its start, and its later blocks start as others leave.
 struct RowStagger {
   int cycles;  // between quarters; 0: no stagger
   int wave;    // the clusters staggered: those numbered below it
@@ -181,13 +175,13 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // memory, all the exchange reads. This rests on that established practice: the PTX memory model's
 // letter pairs st.async's cluster-scope release with an acquire whose scope includes the peer. At cluster scope
 // (`.acquire.cluster`) ptxas invalidated the whole L1 after every wait (CCTL.IVALL: 11% of the
-// 131072 backward's stall samples, bench/NOTES.md v16). Then every lane adds all
+// bf16 131072 backward's stall samples, bench/results/h200-2026-12-02c). Then every lane adds all
 // C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
 // depends only on C G. Double-buffered by row parity: a peer writes slots of parity p again only
 // after its wait on the next row, which needs this CTA's stores of that row, which each warp
 // makes after it has read the slots of p. Before its first store into a peer, a CTA waits once
-// on the cluster's start barrier (`started`, ClusterStart above). Measured on an H200 against
-// the cluster barrier (bench/NOTES.md v15): 5-12% faster at every row of clusters, the same bits.
+// on the cluster's start barrier (`started`, ClusterStart above). Against the cluster barrier:
+// 5-12% faster at every row of clusters, the same bits (bench/results/h200-2026-12-02b).
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
                                                    int C, ClusterStart& started) {
@@ -226,10 +220,10 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   started.phases ^= 1u << parity;
   // Lane l adds the slots of warps l, l + 32, ... in turn (each sum from zero), then the xor tree: four
   // float sums a slot in one 16-byte read (buffer is 16-byte aligned: the slots start so, a parity's
-  // slots are warps * 16 bytes), in the same order as one sum at a time. Measured on an H200 against
-  // one sum at a time (bench/NOTES.md v32, bf16 at M·H = 2^26): PolyNorm's backward at 131072 / 262144
+  // slots are warps * 16 bytes), in the same order as one sum at a time. Against one sum at a time
+  // (bf16 at M·H = 2^26, bench/results/h200-2026-12-04d): PolyNorm's backward at 131072 / 262144
   // 1.22 / 1.39 -> 1.12 / 1.20 of an add, the fused backward at 131072 1.40 -> 1.25. The forward's three
-  // sums padded to four slots and read so (v32, call 4) changed nothing measurable: not kept.
+  // sums padded to four and read so gained nothing measurable, hence N == 4 only.
   acc_t total[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) total[k] = acc_t(0);
@@ -342,9 +336,9 @@ __device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, 
 // on the grid and block sizes, not on which block is last, and there are no atomics on the
 // values: the same bits on every run. This replaces a second kernel launch (the
 // threadFenceReduction pattern of the CUDA samples) for grids of few rounds; it costs the fences:
-// every block waits for its last stores before it draws its ticket (bench/NOTES.md v19: the whole
-// sum about 2% of a persistent grid's time, and 40% of a block per R rows', 13% of it the fences
-// and tickets), hence param_sum_kernel.
+// every block waits for its last stores before it draws its ticket (the whole sum about 2% of a
+// persistent grid's time, 40% of a block per R rows', 13% of it the fences and tickets:
+// bench/results/h200-2026-12-02f), hence param_sum_kernel.
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
@@ -369,12 +363,12 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
 // (allow_param_sum) and waits here for the row kernel to complete and its stores to be visible
 // (griddepcontrol.wait; without that launch attribute, stream order alone, and the wait returns
 // at once). No fence, no ticket. Let start when every block had started instead (the trigger
-// before the rows), it cost the persistent grids 1-2% (bench/NOTES.md v19, call 2). Its loads
+// before the rows), it cost the persistent grids 1-2% (bench/results/h200-2026-12-02f). Its loads
 // batched (8 blocks' partials in flight a thread for fp32, 49 registers; 4 for fp64, 57), not one
 // block's at a time (25 registers): PolyNorm's backward on a block per R rows 1.09-1.10 of an add
-// -> 1.06-1.08 at bf16 512-8192 (bench/NOTES.md v20, call 2; on 256 threads, no faster than
-// before). The same batching in the row kernels' last-block sum came with every PolyNorm
-// backward 5-25% slower in call 1, for a reason not found: there, one partial at a time.
+// -> 1.06-1.08 at bf16 512-8192 (bench/results/h200-2026-12-03; on 256 threads, no faster). The
+// same batching in the row kernels' last-block sum measured every PolyNorm backward 5-25% slower,
+// for a reason not found: there, one partial at a time.
 constexpr int kParamSumThreads = 1024;
 template <typename acc_t>
 __global__ void __launch_bounds__(kParamSumThreads) param_sum_kernel(ParamGrads<acc_t> pg, int64_t blocks) {
