@@ -11,8 +11,9 @@ CUDA build and nvcc is found; no GPU is needed for that. Environment variables:
   own (a bench/ script's A/B); the product's build never needs one. ``POLYNORM_PTXAS_VERBOSE=1``:
   ptxas's register and spill report (bench/).
 
-The CUDA objects are two translation units, cuda/forward.cu and cuda/backward.cu, listed first
-so that two compile jobs (MAX_JOBS=2) run them side by side while the C++ files wait.
+The CUDA objects are two translation units of about the same cost, cuda/forward.cu and
+cuda/backward.cu (each about 90 s of nvcc for sm_90 alone on one core), so that two compile jobs
+(MAX_JOBS=2) run them side by side; ninja takes the objects in name order, autograd.o first.
 """
 
 import os
