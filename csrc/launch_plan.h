@@ -85,8 +85,7 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // forward's split or kRowBwdSmallSplit (backward; the fused forward kRowMulFwdSmallSplit) takes
 // the fewest CTAs of kRowSmallCtaThreads that hold it, up to kRowFwdSmallCluster (forward) or
 // kRowBwdSmallCluster (backward), where they hold no more threads than the other plan: the
-// forward at 131072 1.27 -> 1.18 of a copy on 8 x 128, the backward at 65536 1.21 -> 1.13 on 8
-// (h200-2026-12-02c). PolyNorm's forward keeps one CTA up to 256 threads (32768: 1.116 on one of
+// forward at 131072 1.27 -> 1.18 of a copy on 8 x 128 (h200-2026-12-02c). PolyNorm's forward keeps one CTA up to 256 threads (32768: 1.116 on one of
 // 256, 1.125 on two of 128, h200-2026-12-03b); the fused forward splits past 128 (16384: 1.064
 // on two of 128 against 1.092, h200-2026-12-03b). Clusters of more than kRowPortableCluster are
 // not portable (clusters_fit); against the tiled kernels they win (backward 262144: 1.47 of an

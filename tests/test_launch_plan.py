@@ -815,7 +815,7 @@ def test_the_plan_names_the_kernel_that_runs():
         ran = _kernels_run(fn)
         assert f["kernel"] in ran, (op, entry["H"], entry["layout"], clusters, f["kernel"], ran)
         checked += 1
-    assert checked >= 40, checked
+    assert checked >= (40 if HAS_CLUSTERS else 20), checked  # 57 with clusters, 24 without
 
 
 @requires_cuda
