@@ -731,7 +731,8 @@ def check_config(entry: dict) -> None:
     f = entry["fields"]
     R = f["threads"] // f["G"] if f["family"] == "row" else 1
     M = 2 * R + 1
-    what = f"{entry['op']} H={entry['H']} {entry['dtype']} {entry['layout']} clusters={entry['clusters']}: {entry['plan']}"
+    what = (f"{entry['op']} H={entry['H']} {entry['dtype']} {entry['layout']} clusters={entry['clusters']}: "
+            f"{entry['plan']}")
     gen = torch.Generator().manual_seed(seed_for("config", what))
     x, g, mul, w, b, counts, offsets = config_inputs(entry, M, gen)
     assert x.data_ptr() % 16 == (0 if entry["layout"] in ("aligned", "same-phase") else x.element_size()), what
