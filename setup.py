@@ -7,9 +7,13 @@ CUDA build and nvcc is found; no GPU is needed for that. Environment variables:
 - ``TORCH_CUDA_ARCH_LIST``: GPU architectures to compile for (default ``8.0;9.0``).
 - ``MAX_JOBS``: parallel compile jobs (read by torch.utils.cpp_extension).
 - ``CUDA_HOME``: the CUDA toolkit (default ``/usr/local/cuda`` when that exists).
-- ``POLYNORM_NVCC_FLAGS``: extra nvcc flags, space-separated, for measurements only (e.g.
-  ``-DPOLYNORM_ROW_MIN_BLOCKS=4``, bench/NOTES.md); ``POLYNORM_PTXAS_VERBOSE=1``: ptxas's
-  register and spill report.
+- ``POLYNORM_NVCC_FLAGS``: extra nvcc flags, space-separated, for a benchmark's build of its
+  own (a bench/ script's A/B); the product's build never needs one. ``POLYNORM_PTXAS_VERBOSE=1``:
+  ptxas's register and spill report (bench/).
+
+The CUDA objects are two translation units of about the same cost, cuda/forward.cu and
+cuda/backward.cu (each about 90 s of nvcc for sm_90 alone on one core), so that two compile jobs
+(MAX_JOBS=2) run them side by side; ninja takes the objects in name order, autograd.o first.
 """
 
 import os
@@ -57,12 +61,21 @@ def _cuda_include_dirs() -> list[str]:
     return dirs
 
 
+CUDA_SOURCES = [f"{CSRC}/cuda/forward.cu", f"{CSRC}/cuda/backward.cu"]
+CPP_SOURCES = [
+    f"{CSRC}/ops.cpp",
+    f"{CSRC}/plan_ops.cpp",
+    f"{CSRC}/autograd.cpp",
+    f"{CSRC}/polynorm_cpu.cpp",
+    f"{CSRC}/polynorm_grouped_cpu.cpp",
+    f"{CSRC}/python_module.cpp",
+]
+
+
 def extensions():
-    sources = [f"{CSRC}/polynorm.cpp", f"{CSRC}/polynorm_cpu.cpp", f"{CSRC}/polynorm_autograd.cpp", f"{CSRC}/python_module.cpp"]
-    sources.append(f"{CSRC}/polynorm_grouped_cpu.cpp")
     cxx_flags = ["-O3"]
     if _build_cuda():
-        sources += [f"{CSRC}/polynorm_cuda.cu", f"{CSRC}/polynorm_mul_cuda.cu", f"{CSRC}/polynorm_grouped_cuda.cu"]
+        sources = CUDA_SOURCES + CPP_SOURCES
         nvcc_flags = ["-O3", "-lineinfo"]
         if os.environ.get("POLYNORM_PTXAS_VERBOSE") == "1":
             nvcc_flags.append("-Xptxas=-v")
@@ -75,7 +88,7 @@ def extensions():
                 extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
             )
         ]
-    sources.append(f"{CSRC}/cuda_stub.cpp")
+    sources = CPP_SOURCES + [f"{CSRC}/cuda_stub.cpp"]
     return [
         cpp_extension.CppExtension(
             "polynorm._C", sources, include_dirs=[str(ROOT / CSRC)], extra_compile_args={"cxx": cxx_flags}

@@ -1,7 +1,7 @@
 """Which kernels' SASS differs between two builds of the extension (CPU only: no GPU needed).
 
-A change meant for one build (a bench's A/B, a new template parameter) can move instructions in
-others: bench/NOTES.md v34 saw two unused lambdas reorder the fused forward's loads in four builds.
+A change meant for one build (a new template parameter, a host-side refactor) can move instructions
+in others: two unused lambdas once reordered the fused forward's loads in four builds.
 This compares every function of the two binaries' sm_90 code (``bench/sass_load_order.py``'s
 ``functions``), matched by demangled name and, where a name occurs more than once (a kernel
 instantiated in several translation units of one .so), by its occurrence in order.

@@ -3,24 +3,22 @@ first instruction that waits for one (CPU only: no GPU needed).
 
 A row kernel holds its row in registers: it issues all of a row's 16-byte loads (LDG.E.128), then
 waits for them and computes. Where ptxas sinks one of those loads below an instruction that
-waits on the earlier ones, every row costs a second memory round trip. That happened in
-bench/NOTES.md v20, call 1: a change to the backward's last-block sum (code that never runs on
-the row path) moved the row loop's last grad_y load below the first math in the bf16 and fp16
-backward kernels, and PolyNorm's backward ran 5-25% slower everywhere, with the same registers and
-no spill reported by ptxas.
+waits on the earlier ones, every row costs a second memory round trip: a change to the backward's
+last-block sum (code that never runs on the row path) once moved the row loop's last grad_y load
+below the first math in the bf16 and fp16 backward kernels, and PolyNorm's backward ran 5-25%
+slower everywhere, with the same registers and no spill reported by ptxas
+(bench/results/h200-2026-12-03).
 
 For every non-grouped row kernel of the sm_90 code (ARCH; ``poly_norm_fwd_row_kernel`` and
-``poly_norm_bwd_row_kernel`` of every layout: aligned, realigned, same-phase, pack-realigned; the
-realigning ones since the twenty-eighth session, when v30's first device call lost its backward
-figures to two sunk loads in the aligned build, from a run-time test at the kernel's end; a view's
-rows run the realigning builds), in address order: the scoreboards that 16-byte
-loads set are tracked from the first such load; the first later instruction that waits on one of
-them starts the row's math; any further 16-byte load before the row's first 16-byte store
-(STG.E.128) is a late load. (The
-last block's partial sums load after the stores, with .STRONG.GPU: not row loads, and past the
-window anyway.) Exit status 1 when a kernel not in KNOWN_LATE has a late load, or when a kernel
-in KNOWN_LATE no longer has one (then the list is to be trimmed). tests/test_sass_load_order.py
-runs this check wherever the extension is built with its CUDA objects (CI too).
+``poly_norm_bwd_row_kernel`` of every layout: aligned, realigned, same-phase, pack-realigned, as a
+view's rows run the realigning builds), in address order: the scoreboards that 16-byte loads set
+are tracked from the first such load; the first later instruction that waits on one of them starts
+the row's math; any further 16-byte load before the row's first 16-byte store (STG.E.128) is a late
+load. (The last block's partial sums load after the stores, with .STRONG.GPU: not row loads, and
+past the window anyway.) Exit status 1 when a kernel not in KNOWN_LATE has a late load, or when a
+kernel in KNOWN_LATE no longer has one (then the list is to be trimmed).
+tests/test_sass_load_order.py runs this check wherever the extension is built with its CUDA
+objects (CI too).
 
 Needs ``cuobjdump`` and ``nvdisasm`` (the CUDA toolkit's, or the pip packages
 ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``: this script also looks in
@@ -40,14 +38,12 @@ import sysconfig
 
 # The architecture checked: the H200's, where the kernels are measured and tuned (bench/results/).
 # A build for sm_80 as well (the default TORCH_CUDA_ARCH_LIST, 8.0;9.0) has sm_80 code that is
-# never timed: at 153328b its bf16 and fp16 backward (8 and 7 packs) have 1-4 late loads there.
+# never timed: its bf16 and fp16 backward (8 and 7 packs) have 1-4 late loads there.
 ARCH = "sm_90"
 
-# Kernels with late row loads when the check was written (eighteenth session), as (direction,
-# scalar type, packs, layout, fused): fp64 PolyNorm backward at 8 packs, aligned, issues the last pack
-# of x and of grad_y after the sums of the first pack begin, at 4d44180 and 153328b alike (not at
-# 3986c70; fp64 speed is not a target, and the 7-pack fp64 build has none). No realigning build had
-# one when they were added (546b8e9).
+# Kernels with late row loads, as (direction, scalar type, packs, layout, fused): fp64 PolyNorm
+# backward at 8 packs, aligned, issues the last pack of x and of grad_y after the sums of the first
+# pack begin (fp64 speed is not a target; the 7-pack fp64 build has none).
 KNOWN_LATE = {("bwd", "double", "8", "0", "false")}
 
 KERNEL = re.compile(r"poly_norm_(fwd|bwd)_row_kernel<(.*)>\(")

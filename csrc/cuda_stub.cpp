@@ -1,9 +1,12 @@
-// Built instead of polynorm_cuda.cu when the CUDA kernels are not compiled (a CPU-only
-// torch, no nvcc, or POLYNORM_FORCE_CPU=1): CUDA tensors get a clear error rather
-// than the dispatcher's generic "could not run" message.
+// Built instead of cuda/forward.cu and cuda/backward.cu when the CUDA kernels are not compiled
+// (a CPU-only torch, no nvcc, or POLYNORM_FORCE_CPU=1): CUDA tensors get a clear error rather
+// than the dispatcher's generic "could not run" message, the private ops' too.
 #include "polynorm.h"
 
 #include <torch/library.h>
+
+#include <string>
+#include <tuple>
 
 namespace polynorm {
 namespace {
@@ -50,6 +53,45 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_backward_not_built(const 
   not_built("polynorm.grouped_backward");
 }
 
+// The private ops with an explicit launch configuration (ops.cpp): the same error.
+std::tuple<at::Tensor, at::Tensor> forward_config_not_built(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                                            double, const std::string&, bool) {
+  not_built("polynorm._forward_config");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_config_not_built(const at::Tensor&, const at::Tensor&,
+                                                                         const at::Tensor&, const at::Tensor&,
+                                                                         const std::string&, bool) {
+  not_built("polynorm._backward_config");
+}
+
+std::tuple<at::Tensor, at::Tensor> mul_forward_config_not_built(const at::Tensor&, const at::Tensor&,
+                                                                const at::Tensor&, const at::Tensor&, double,
+                                                                const std::string&, bool) {
+  not_built("polynorm._mul_forward_config");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> mul_backward_config_not_built(
+    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+    const std::string&, bool) {
+  not_built("polynorm._mul_backward_config");
+}
+
+std::tuple<at::Tensor, at::Tensor> grouped_forward_config_not_built(const at::Tensor&, const at::Tensor&,
+                                                                    const at::Tensor&, const at::Tensor&, double,
+                                                                    const std::string&, bool) {
+  not_built("polynorm._grouped_forward_config");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_backward_config_not_built(const at::Tensor&,
+                                                                                 const at::Tensor&,
+                                                                                 const at::Tensor&,
+                                                                                 const at::Tensor&,
+                                                                                 const at::Tensor&,
+                                                                                 const std::string&, bool) {
+  not_built("polynorm._grouped_backward_config");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
@@ -59,6 +101,12 @@ TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("mul_backward", &mul_backward_not_built);
   m.impl("grouped_forward", &grouped_forward_not_built);
   m.impl("grouped_backward", &grouped_backward_not_built);
+  m.impl("_forward_config", &forward_config_not_built);
+  m.impl("_backward_config", &backward_config_not_built);
+  m.impl("_mul_forward_config", &mul_forward_config_not_built);
+  m.impl("_mul_backward_config", &mul_backward_config_not_built);
+  m.impl("_grouped_forward_config", &grouped_forward_config_not_built);
+  m.impl("_grouped_backward_config", &grouped_backward_config_not_built);
 }
 
 }  // namespace polynorm

@@ -1,7 +1,7 @@
 // The expert of a row for the grouped CUDA kernels (polynorm::grouped_forward and
 // grouped_backward; docs/MATH.md, "Grouped PolyNorm", (11)): rows sorted by expert, expert e owning
 // rows [offsets[e-1], offsets[e]) (offsets[-1] := 0). Included by cuda/args.cuh (the row and
-// tiled kernels, with a per-row expert) and polynorm_grouped_cuda.cu (the per-expert sums).
+// tiled kernels, with a per-row expert) and cuda/backward.cu (the per-expert sums).
 // - offsets are read on the device, in place, int32 or int64 (widened to 64 bits): no host
 //   synchronisation, and a launch is CUDA-graph capturable.
 // - The search yields experts in [0, E] only, so offsets that decrease, are negative or exceed

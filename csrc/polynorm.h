@@ -6,16 +6,19 @@
 // The closed-form backward is written out in docs/MATH.md and in the kernels.
 #pragma once
 
+#include "launch_plan.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace polynorm {
 
 // An integer for an error message: formatted with std::to_string, never streamed into
-// TORCH_CHECK's message (why: csrc/polynorm.cpp, above its num(double)).
+// TORCH_CHECK's message (why: csrc/ops.cpp, above its num(double)).
 inline std::string num(int64_t v) { return std::to_string(v); }
 
 // A tensor seen as M rows of H elements: element (row, col) lives at
@@ -54,10 +57,23 @@ void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, c
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& offsets, const at::Tensor& rstd);
 
-// CUDA builds (polynorm_grouped_cuda.cu): grad_weight [E, 3] and grad_bias [E] (opmath, like
-// row_terms) as the per-expert sums of row_terms [M, 4] over each expert's rows, in an order that
-// depends only on the segment's length; launched on the current stream.
-void grouped_param_sums(const at::Tensor& row_terms, const at::Tensor& offsets, at::Tensor& grad_weight,
-                        at::Tensor& grad_bias);
+// An explicit launch configuration, which the private CUDA ops take (_forward_config, ...; the
+// public ops take the table's): the kernel family (kAuto, the table's; kRow, the table's where the
+// row kernels serve the row, else an error; kTiled, the tiled kernels for every row), and whether
+// clusters may be launched (false: the plan of a device without clusters, on any device).
+struct LaunchConfig {
+  Family family = Family::kAuto;
+  bool clusters = true;
+};
+// Parses the private ops' `family` ("auto", "row" or "tiled"); an error names `op` (plan_ops.cpp).
+LaunchConfig launch_config(const char* op, const std::string& family, bool clusters);
+
+// The launch plan's private ops (plan_ops.cpp; schemas in ops.cpp).
+std::string launch_plan_op(const std::string& op, int64_t H, at::ScalarType dtype, const std::string& layout,
+                           bool clusters, const std::string& family);
+std::vector<int64_t> plan_space_op(const std::string& op, at::ScalarType dtype, const std::string& layout,
+                                   bool clusters);
+std::vector<std::string> row_kernels_op(const std::string& op, at::ScalarType dtype);
+int64_t realign_phase_op(const std::string& op, c10::IntArrayRef classes);
 
 }  // namespace polynorm

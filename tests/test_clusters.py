@@ -1,13 +1,13 @@
 """Rows split over thread-block clusters (sm_90): the CUDA row kernels' long-row path.
 
-A row that needs more than ``cta_threads`` threads runs on a cluster of 2-16 CTAs whose
-partial sums meet in distributed shared memory through mbarriers (csrc/launch_plan.h ``row_plan``,
-csrc/cuda/reduce.cuh ``cluster_row_reduce``). The table sends only long rows there
-(tens of thousands of elements); these tests force clusters onto short rows with
-``torch.ops.polynorm._tune_rows(cta_threads=32 or 64, max_cluster=...)``, so that every op
-(PolyNorm, the fused PolyNorm x mul, the grouped PolyNorm) and every layout path (aligned,
-realigned, same-phase) runs on clusters of every size in a few milliseconds, against the
-float64 oracle with _matrix's dtype-derived tolerances, every output poisoned first.
+A row that needs more threads than one CTA of its build takes runs on a cluster of 2-16 CTAs
+whose partial sums meet in distributed shared memory through mbarriers (csrc/launch_plan.h
+``row_plan``, csrc/cuda/reduce.cuh ``cluster_row_reduce``). The plan's own cluster rows start at a
+few thousand elements (bf16: the backward's 2 x 96 at 12288, the fused backward's at 6144, the
+forward's 4 x 128 at 65536), so these tests run every op (PolyNorm, the fused PolyNorm x mul, the
+grouped PolyNorm) and every layout (aligned, pack-realigned, same-phase, realigned) on clusters of
+every size at those rows, against the float64 oracle with _matrix's dtype-derived tolerances,
+every output poisoned first. tests/test_launch_plan.py runs every configuration of the plan.
 """
 
 import dataclasses
@@ -34,47 +34,39 @@ requires_clusters = pytest.mark.skipif(
 )
 pytestmark = [requires_cuda, requires_clusters]
 
-# (H, cta_threads, max_cluster): bf16 forward at H = 8192 needs 64 threads (16 packs of 8
-# elements each), so cta_threads = 64 keeps it on one CTA; its backward (8 packs) needs 128:
-# 2 CTAs of 64; the fused backward in fp32 (4 packs of 4) 512: 8; at the odd 5125 (4 packs
-# of 4) 321: 8, the bf16 forward (the narrow build, 7 packs of 8 there: launch_plan.h's
-# row_packs) 92: 2. Every op and dtype below fits its cluster cap, and PolyNorm's backward
-# splits in each; odd H reaches the realigning builds.
-SPLITS = [(4096, 32, 16), (8192, 64, 16), (5125, 64, 16), (3000, 32, 16), (16385, 128, 16), (2056, 32, 16)]
+# bf16 rows (fp32 rows of half as many elements: the same packs; fp16 as bf16) that the plan puts
+# on clusters, with the CTAs each op's row takes there (backward / forward), and whole packs or odd:
+# 12288 2 x 96 / one CTA; 16385 (odd, same-phase) 2 x 128 / one CTA (narrow); 32768 4 x 128 / one
+# CTA; 65536 8 x 128 / 4 x 128; 65537 (odd) 8 x 128 / 8 x 128 (narrow).
+CLUSTER_ROWS = [12288, 16385, 32768, 65536, 65537]
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
-@pytest.fixture
-def clusters():
-    """Sets the row kernels' CTA size and largest cluster for one test; restores the table."""
-
-    def tune(cta_threads: int, max_cluster: int) -> None:
-        torch.ops.polynorm._tune_rows(cta_threads=cta_threads, max_cluster=max_cluster)
-
-    yield tune
-    torch.ops.polynorm._tune_rows()
+def rows_of(H: int, dtype) -> int:
+    """The bf16 row H in dtype: the same packs (fp32: half the elements), odd rows kept odd."""
+    return H if dtype != torch.float32 else H // 2 + H % 2
 
 
 def plan_cluster(op: str, H: int, dtype) -> int:
     """The CTAs a row of the op takes (the plan must be the row kernels')."""
     text = torch.ops.polynorm._launch_plan(op, H, dtype)
     assert text.startswith("row "), (op, H, dtype, text)
-    return int(text.split("cluster=")[1].split()[0])  # then ` policy=N` (rows of clusters)
+    return int(dict(part.split("=", 1) for part in text.split()[1:])["cluster"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H,cta,cluster", SPLITS)
-def test_polynorm_on_clusters(clusters, dtype, H, cta, cluster):
-    clusters(cta, cluster)
-    assert plan_cluster("backward", H, dtype) > 1 and plan_cluster("forward", H, dtype) >= 1
-    gen = torch.Generator().manual_seed(seed_for("clusters", dtype, H, cta, cluster))
+@pytest.mark.parametrize("H", CLUSTER_ROWS)
+def test_polynorm_on_clusters(dtype, H):
+    H = rows_of(H, dtype)
+    assert plan_cluster("backward", H, dtype) > 1
+    gen = torch.Generator().manual_seed(seed_for("clusters", dtype, H))
     x = make_rows(37, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(37, H, dtype, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
     out = run_backend("cuda", x, g, w, b, 1e-6)
-    check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
+    check_against_oracle(out, x, g, w, b, 1e-6, what=f"H={H}")
     # Deterministic, and the same bits for the same rows starting one element into a buffer
-    # (the realigning build on clusters).
+    # (the pack-realigned or realigned build on clusters).
     again = run_backend("cuda", x, g, w, b, 1e-6)
     x_mis = torch.empty(x.numel() + 1, dtype=dtype, device="cuda")[1:].view_as(x).copy_(x)
     moved = run_backend("cuda", x_mis, g, w, b, 1e-6)
@@ -83,10 +75,9 @@ def test_polynorm_on_clusters(clusters, dtype, H, cta, cluster):
         assert torch.equal(getattr(out, name), getattr(moved, name)), f"{name}: misaligned rows differ"
 
 
-@pytest.mark.parametrize("H,cta,cluster", SPLITS[:4])
-def test_batch_invariance_on_clusters(clusters, H, cta, cluster):
-    clusters(cta, cluster)
-    gen = torch.Generator().manual_seed(seed_for("clusters-batch", H, cta, cluster))
+@pytest.mark.parametrize("H", CLUSTER_ROWS[:4])
+def test_batch_invariance_on_clusters(H):
+    gen = torch.Generator().manual_seed(seed_for("clusters-batch", H))
     big = make_rows(300, H, torch.bfloat16, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
     alone = polynorm.poly_norm(big[:1].clone(), w, b)
@@ -95,17 +86,19 @@ def test_batch_invariance_on_clusters(clusters, H, cta, cluster):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("H,cta,cluster", SPLITS)
-def test_fused_mul_on_clusters(clusters, dtype, H, cta, cluster):
-    clusters(cta, cluster)
-    assert plan_cluster("mul_forward", H, dtype) > 1 and plan_cluster("mul_backward", H, dtype) > 1
-    gen = torch.Generator().manual_seed(seed_for("clusters-mul", dtype, H, cta, cluster))
+@pytest.mark.parametrize("H", [6144, 12288, 16387, 32768])
+def test_fused_mul_on_clusters(dtype, H):
+    # The fused backward's rows of clusters from bf16 6144 (2 x 96; 16387: its odd rows' tail plan,
+    # 4 x 128), the fused forward's from 12288.
+    H = rows_of(H, dtype)
+    assert plan_cluster("mul_backward", H, dtype) > 1
+    gen = torch.Generator().manual_seed(seed_for("clusters-mul", dtype, H))
     x = make_rows(21, H, dtype, "cuda", "contiguous", gen)
     mul = make_rows(21, H, dtype, "cuda", "contiguous", gen)
     g = make_rows(21, H, dtype, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
     out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} cta={cta} cluster<={cluster}")
+    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H}")
 
 
 @pytest.mark.parametrize("H,M", [(16384, 1024), (16385, 512), (65536, 1024), (131072, 512), (262144, 128)])
@@ -147,7 +140,8 @@ def test_the_fused_forwards_rows_of_two_ctas(dtype, H):
     # 256 threads: 4 x 96 / 4 x 128), in a batch of rows that the persistent grid walks in several
     # rounds, against the oracle.
     text = torch.ops.polynorm._launch_plan("mul_forward", H, dtype)
-    cluster, G = (int(text.split(f"{k}=")[1].split()[0]) for k in ("cluster", "G"))
+    fields = dict(part.split("=", 1) for part in text.split()[1:])
+    cluster, G = int(fields["cluster"]), int(fields["G"])
     assert (cluster, G) == ((2 if dtype == torch.bfloat16 else 4), H // 128 if H == 12288 else 128), text
     gen = torch.Generator().manual_seed(seed_for("clusters-mul-two", dtype, H))
     x, mul, g = (make_rows(1500, H, dtype, "cuda", "contiguous", gen) for _ in range(3))
@@ -156,32 +150,32 @@ def test_the_fused_forwards_rows_of_two_ctas(dtype, H):
     check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=f"H={H} {dtype}")
 
 
-@pytest.mark.parametrize("H,cta,cluster", [(8192, 64, 16), (5125, 64, 16)])
-def test_grouped_on_clusters(clusters, H, cta, cluster):
-    # Per-expert parameters on clusters, an empty expert and rows of no expert included:
-    # the grouped op must equal the loop of single-expert ops on the same clusters bitwise
-    # (the same kernels, the same reduction tree), and the oracle.
+@pytest.mark.parametrize("H", [16384, 65537])
+def test_grouped_on_clusters(H):
+    # Per-expert parameters on clusters (bf16 16384: the backward on 2 x 128; 65537: both directions),
+    # an empty expert and rows of no expert included: the grouped op must equal the loop of
+    # single-expert ops on the same clusters bitwise (the same reduction tree), and the oracle.
     from test_grouped import check_grouped, make_experts, offsets_of, run_grouped, run_loop
 
-    clusters(cta, cluster)
+    assert plan_cluster("grouped_backward", H, torch.bfloat16) > 1
     counts = [5, 0, 9, 3]
-    gen = torch.Generator().manual_seed(seed_for("clusters-grouped", H, cta, cluster))
+    gen = torch.Generator().manual_seed(seed_for("clusters-grouped", H))
     x = make_rows(sum(counts) + 2, H, torch.bfloat16, "cuda", "contiguous", gen)
     g = make_rows(sum(counts) + 2, H, torch.bfloat16, "cuda", "contiguous", gen)
     w, b = make_experts(len(counts), torch.float32, "cuda", gen)
     out = run_grouped("cuda", x, g, w, b, offsets_of(counts, "cuda"))
-    check_grouped(out, x, g, w, b, counts, what=f"H={H} cta={cta} cluster<={cluster}")
+    check_grouped(out, x, g, w, b, counts, what=f"H={H}")
     loop = run_loop("cuda", x, g, w, b, counts)
     for name in ("y", "dx"):
         assert torch.equal(getattr(out, name), getattr(loop, name)), name
 
 
-def test_cluster_capture_in_cuda_graph(clusters):
+def test_cluster_capture_in_cuda_graph():
     # Cluster launches (cudaLaunchKernelEx) are capturable, and replay gives the eager bits.
-    clusters(32, 8)
+    H = 65536
     gen = torch.Generator().manual_seed(seed_for("clusters-graph"))
-    x = make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen)
-    g = make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen)
+    x = make_rows(64, H, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(64, H, torch.bfloat16, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
-    assert plan_cluster("forward", 8192, torch.bfloat16) > 1 and plan_cluster("backward", 8192, torch.bfloat16) > 1
-    assert_graph_replay_matches_eager(x, g, w, b, lambda: make_rows(64, 8192, torch.bfloat16, "cuda", "contiguous", gen))
+    assert plan_cluster("forward", H, torch.bfloat16) > 1 and plan_cluster("backward", H, torch.bfloat16) > 1
+    assert_graph_replay_matches_eager(x, g, w, b, lambda: make_rows(64, H, torch.bfloat16, "cuda", "contiguous", gen))

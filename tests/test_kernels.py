@@ -262,7 +262,7 @@ def _cuda_rows(key, op, M, H, dtype):
 
 def _check_cuda_against_oracle(x, g, w, b, mul, what):
     """The CUDA backend through autograd (PolyNorm, or the fused op when mul is given) against
-    the float64 oracle, under the current _tune_rows settings."""
+    the float64 oracle."""
     if mul is None:
         check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=what)
     else:
@@ -270,204 +270,151 @@ def _check_cuda_against_oracle(x, g, w, b, mul, what):
         check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=what)
 
 
+def _ops_run(x, g, w, b, mul):
+    """forward and backward through the ops (every output poisoned first): PolyNorm's y, rstd, grad_x,
+    grad_weight, grad_bias, or the fused op's out, rstd, grad_x, grad_mul, grad_weight, grad_bias."""
+    ops = torch.ops.polynorm
+    with poisoned_outputs():
+        if mul is None:
+            y, rstd = ops.forward(x, w, b, 1e-6)
+            return (y, rstd, *ops.backward(g, x, w, rstd))
+        out, rstd = ops.mul_forward(x, mul, w, b, 1e-6)
+        return (out, rstd, *ops.mul_backward(g, x, mul, w, b, rstd))
+
+
+def fields_of(text: str) -> dict:
+    """A launch plan's key=value fields (torch.ops.polynorm._launch_plan)."""
+    return dict(part.split("=", 1) for part in text.split()[1:])
+
+
+def _kernel_names(fn) -> list[str]:
+    """Names of the CUDA kernels that ``fn()`` launches (torch.profiler)."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 @requires_cuda
 @pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
                                        (4096, 2048, torch.bfloat16), (5125, 600, torch.float32),
                                        (5125, 600, torch.bfloat16)])
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
-def test_staggered_start_changes_no_bit(op, H, M, dtype):
-    # A row grid starts in staggered quarters (csrc/launch_plan.h): a persistent grid all of it, by
-    # the rounds of rows it takes (row_stagger_cycles: on an H200 both directions' at 65536 x 1024,
-    # whose forward runs on clusters, and the fused backward at 1024 x 40000), a grid of a block
-    # per R rows its first wave, by the waves it holds (row_wave_stagger_cycles: the forwards at
-    # 1024 x 40000, PolyNorm's backward there; the fused forward at 4096 x 2048, a seed shape, on
-    # between one and two waves). Every grid is made persistent here (grid_waves=1,
-    # both directions), then a block per R rows (grid_waves=0), so that the forced staggers below
-    # reach every launch in both kinds of grid. The delay only moves when blocks start: every
-    # output of the ops (poisoned first) equals the same grid's unstaggered launch bit for bit,
-    # whatever the stagger (the table's, 3000 cycles, 100000: far longer than a row). At the small
-    # shape, the longest stagger's results meet the float64 oracle through autograd. (The large
-    # shapes hold ~1 GB a test: the suite's workers share the GPU.)
+def test_staggered_grids_give_the_rows_of_short_batches(op, H, M, dtype):
+    # A row grid starts in staggered quarters (csrc/launch_plan.h) when it holds rounds of rows or
+    # waves of blocks: a persistent grid all of it (row_stagger_cycles: on an H200 both directions'
+    # at 65536 x 1024, whose forward runs on clusters, and the fused backward at 1024 x 40000), a
+    # grid of a block per R rows its first wave (row_wave_stagger_cycles: the forwards at
+    # 1024 x 40000; the fused forward at 4096 x 2048, between one and two waves). The delay only
+    # moves when blocks start: each row's outputs (poisoned first) in the staggered grid of M rows
+    # equal the same rows' in a batch of 8, whose grid starts whole; dW and dB (summed in another
+    # order) meet the float64 oracle at the small shapes. (The large shapes hold ~1 GB a test.)
     x, g, w, b, mul = _cuda_rows("stagger", op, M, H, dtype)
-    ops = torch.ops.polynorm
-
-    def run():
-        with poisoned_outputs():
-            if mul is None:
-                y, rstd = ops.forward(x, w, b, 1e-6)
-                return (y, rstd, *ops.backward(g, x, w, rstd))
-            out, rstd = ops.mul_forward(x, mul, w, b, 1e-6)
-            return (out, rstd, *ops.mul_backward(g, x, mul, w, b, rstd))
-
-    unstaggered = None
-    try:
-        for waves in (1, 0):
-            ops._tune_rows(grid_waves=waves, stagger=0)
-            unstaggered = run()
-            for stagger in (-1, 3000, 100000):
-                ops._tune_rows(grid_waves=waves, stagger=stagger)
-                for k, (want, got) in enumerate(zip(unstaggered, run())):
-                    assert torch.equal(want, got), f"grid_waves {waves}, stagger {stagger}: output {k}"
-            if M * H <= 2**22:  # stagger still 100000
-                _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} grid_waves {waves} stagger 100000")
-            unstaggered = None
-    finally:
-        ops._tune_rows()
-        del x, g, mul, unstaggered
-        torch.cuda.empty_cache()
+    rows = slice(M // 2, M // 2 + 8)  # rows of a block far from the grid's first wave
+    full = _ops_run(x, g, w, b, mul)
+    few = _ops_run(x[rows], g[rows], w, b, None if mul is None else mul[rows])
+    per_row = (0, 1, 2) if mul is None else (0, 1, 2, 3)  # y / out, rstd, grad_x (, grad_mul)
+    for k in per_row:
+        assert torch.equal(full[k][rows], few[k]), f"output {k}: a staggered grid's rows differ"
+    if M * H <= 2**22:
+        _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} M={M}")
+    del x, g, mul, full, few
+    torch.cuda.empty_cache()
 
 
 @requires_cuda
 @pytest.mark.parametrize("H,M,dtype", [(1024, 40000, torch.bfloat16), (65536, 1024, torch.bfloat16),
-                                       (4096, 96, torch.float32), (5125, 600, torch.bfloat16)])
+                                       (4096, 16384, torch.float32), (5125, 8192, torch.bfloat16)])
 @pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
 def test_param_grads_summed_apart(op, H, M, dtype):
-    # The backward's dW / dB partials are summed by the row kernel's last block or by a kernel of
-    # their own (csrc/launch_plan.h, row_sum_apart: the table sums apart when the persistent grid
-    # would take 4 rounds of rows or more, as at 1024 x 40000 and 65536 x 1024 on an H200, and then
-    # PolyNorm's one-CTA rows of whole packs that fill their lanes take a block per R rows).
-    # Forced both ways, on either grid:
-    # grad_x (and grad_mul) are the same bits throughout;
-    # each setting's dW and dB are the same bits on every run and within fp32 summation error of
-    # the table's (another order: the grid and the summing block set it; one partial lost or
-    # counted twice is off by orders of magnitude more). The small shapes meet the float64 oracle
-    # with the sum apart. (The largest case, the fused op at 65536 x 1024, holds about 1.8 GB.)
+    # The backward's dW / dB partials are summed by a kernel of their own where the persistent grid
+    # would take 4 rounds of rows or more (csrc/launch_plan.h, row_sum_apart: these shapes on an H100
+    # or H200; PolyNorm's one-CTA rows of whole packs that fill their lanes then take a block per R
+    # rows), by the row kernel's last block otherwise. Here the launch sums apart (param_sum_kernel
+    # runs, where the rows are the row kernels'), its outputs are the same bits on every run, grad_x
+    # (and grad_mul) are the bits of the same rows in batches of 64 (each summed by its last block),
+    # and dW / dB are within fp32 summation error of those batches' sums (another order: one
+    # partial lost or counted twice is off by orders of magnitude more). The largest case, the
+    # fused op at 65536 x 1024, holds about 1.8 GB.
     x, g, w, b, mul = _cuda_rows("apart", op, M, H, dtype)
     ops = torch.ops.polynorm
     rstd = (ops.forward(x, w, b, 1e-6) if mul is None else ops.mul_forward(x, mul, w, b, 1e-6))[1]
 
-    def backward():
+    def backward(rows=slice(None)):
         with poisoned_outputs():
             if mul is None:
-                return ops.backward(g, x, w, rstd)
-            return ops.mul_backward(g, x, mul, w, b, rstd)
+                return ops.backward(g[rows], x[rows], w, rstd[rows])
+            return ops.mul_backward(g[rows], x[rows], mul[rows], w, b, rstd[rows])
 
+    op_name = "backward" if mul is None else "mul_backward"
+    clusters = torch.cuda.get_device_capability() >= (9, 0)
+    if ops._launch_plan(op_name, H, dtype, "", clusters).startswith("row "):
+        assert any("param_sum_kernel" in n for n in _kernel_names(backward)), "the partials were not summed apart"
+    got, again = backward(), backward()
+    for k in range(len(got)):
+        assert torch.equal(got[k], again[k]), f"output {k} differs between runs"
+    parts = [backward(slice(start, start + 64)) for start in range(0, M, 64)]
+    for k in range(len(got) - 2):  # grad_x, grad_mul
+        assert torch.equal(got[k], torch.cat([p[k] for p in parts])), f"output {k}"
     tolerance = 4 * M**0.5 * torch.finfo(torch.float32).eps
-    table = backward()
-    try:
-        for waves, apart in ((-1, 0), (-1, 1), (1, 1), (0, 1), (1, 0)):
-            ops._tune_rows(grid_waves=waves, sum_apart=apart)
-            got, again = backward(), backward()
-            where = f"grid_waves {waves}, sum_apart {apart}"
-            for k in range(len(got)):
-                assert torch.equal(got[k], again[k]), f"{where}: output {k} differs between runs"
-            for k in range(len(got) - 2):  # grad_x, grad_mul
-                assert torch.equal(got[k], table[k]), f"{where}: output {k}"
-            for k in (-2, -1):  # grad_weight, grad_bias
-                rel = float((got[k] - table[k]).abs().max() / table[k].abs().max())
-                assert rel <= tolerance, f"{where}: output {k} off the table's by {rel:.3g} (tolerance {tolerance:.3g})"
-            del got, again
-        if M * H <= 2**22:
-            ops._tune_rows(sum_apart=1)
-            _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} sum apart")
-    finally:
-        ops._tune_rows()
-        del x, g, mul, table
-        torch.cuda.empty_cache()
+    for k in (-2, -1):  # grad_weight, grad_bias
+        summed = torch.stack([p[k] for p in parts]).double().sum(0)
+        rel = float((got[k].double() - summed).abs().max() / summed.abs().max())
+        assert rel <= tolerance, f"output {k} off the batches' sum by {rel:.3g} (tolerance {tolerance:.3g})"
+    del x, g, mul, got, again, parts
+    torch.cuda.empty_cache()
 
 
 @requires_cuda
 @pytest.mark.parametrize("H,M,dtype", [(131072, 32, torch.bfloat16), (65536, 96, torch.float16),
                                        (32768, 128, torch.float32)])
 def test_staged_rows_change_no_bit(H, M, dtype):
-    # The fused backward's aligned rows of clusters on CTAs of 256 are staged a row ahead
-    # (csrc/launch_plan.h, row_staged: on an H200, 16 x 256 at bf16 131072, 8 x 256 at fp16 65536 and fp32
+    # The fused backward's aligned rows of clusters on CTAs of 256 take the staged build (csrc/launch_plan.h,
+    # row_staged: on a device with clusters, 16 x 256 at bf16 131072, 8 x 256 at fp16 65536 and fp32
     # 32768). Each cluster of the persistent grid walks several of these M rows, so the next row's copies
-    # are issued and read back. The staged rows hold the same packs and sums as the unstaged build
-    # (_tune_rows(stage_rows=0)): every output of the backward (poisoned first) is the same bits, and
-    # the table's meets the float64 oracle through autograd.
+    # are issued and read back. The staged rows hold the same packs and sums as the unstaged build that a
+    # misaligned view of the same rows takes (pack-realigned): every output of the backward (poisoned
+    # first) is the same bits, and the staged build meets the float64 oracle through autograd.
     x, g, w, b, mul = _cuda_rows("staged", "poly_norm_mul", M, H, dtype)
     ops = torch.ops.polynorm
     if torch.cuda.get_device_capability() >= (9, 0):  # a device that launches clusters
-        assert "staged=1" in ops._launch_plan("mul_backward", H, dtype), ops._launch_plan("mul_backward", H, dtype)
+        assert fields_of(ops._launch_plan("mul_backward", H, dtype))["build"] == "staged"
+        assert fields_of(ops._launch_plan("mul_backward", H, dtype, "pack-realigned"))["build"] == "wide"
     rstd = ops.mul_forward(x, mul, w, b, 1e-6)[1]
+    x_view = torch.empty(M * H + 1, dtype=dtype, device="cuda")[1:].view(M, H).copy_(x)
 
-    def backward():
+    def backward(x_in):
         with poisoned_outputs():
-            return ops.mul_backward(g, x, mul, w, b, rstd)
+            return ops.mul_backward(g, x_in, mul, w, b, rstd)
 
-    table = backward()
-    try:
-        ops._tune_rows(stage_rows=0)
-        assert "staged" not in ops._launch_plan("mul_backward", H, dtype)
-        unstaged = backward()
-    finally:
-        ops._tune_rows()
-    for k, (want, got) in enumerate(zip(unstaged, table)):
+    staged, unstaged = backward(x), backward(x_view)
+    for k, (want, got) in enumerate(zip(unstaged, staged)):
         assert torch.equal(want, got), f"output {k}: the staged rows' bits differ from the unstaged build's"
     _check_cuda_against_oracle(x, g, w, b, mul, f"H={H} staged")
-    del x, g, mul, table, unstaged
-    torch.cuda.empty_cache()
-
-
-def _row_kernel_names(fn, kernel: str) -> list[str]:
-    """Names of the CUDA kernels that ``fn()`` launches whose name contains ``kernel`` (torch.profiler)."""
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return [e.name for e in prof.events() if kernel in e.name]
-
-
-@requires_cuda
-@pytest.mark.parametrize("H,M,dtype", [(65536, 512, torch.bfloat16), (32768, 64, torch.bfloat16),
-                                       (4096, 1000, torch.float16), (16384, 200, torch.float32)])
-@pytest.mark.parametrize("regs", [96, 80])
-def test_capped_forward_changes_no_bit(regs, H, M, dtype):
-    # _tune_rows(forward_regs=96 or 80), a bench's A/B: PolyNorm's aligned forward of the wide build on a build
-    # capped at that many registers a thread (csrc/cuda/forward.cuh, kRegCap; spills where ptxas needs them),
-    # at rows of clusters (bf16 65536 on an H200: each cluster of the persistent grid walks several of the M
-    # rows), of one CTA of 256 (bf16 32768, fp32 16384) and of several rows a CTA of 128 (fp16 4096). The
-    # profiler shows which build ran (the table's: template argument kRegCap 0; the capped: 96 or 80); y and rstd
-    # (poisoned first) are the table's bits; at the small shapes the capped build meets the float64 oracle through
-    # autograd (the large ones hold ~1 GB of float64 a test there: the suite's workers share the GPU).
-    clusters = torch.cuda.get_device_capability() >= (9, 0)
-    text = torch.ops.polynorm._launch_plan("forward", H, dtype, False, clusters)
-    if not text.startswith("row ") or "packs=16" not in text:
-        pytest.skip(f"this device's plan for H = {H} is not the wide row build: {text}")
-    x, g, w, b, _ = _cuda_rows("capped", "poly_norm", M, H, dtype)
-    ops = torch.ops.polynorm
-    results = {}
-
-    def forward(key):
-        with poisoned_outputs():
-            results[key] = ops.forward(x, w, b, 1e-6)
-
-    # The kernel's name, demangled or not: its last template argument, then the end of the list.
-    def ran(names, cap):
-        return any(f", false, {cap}>(" in n or f"Lb0ELi{cap}EEEv" in n for n in names)
-
-    names = _row_kernel_names(lambda: forward("table"), "poly_norm_fwd_row_kernel")
-    assert ran(names, 0) and not ran(names, regs), names
-    try:
-        ops._tune_rows(forward_regs=regs)
-        names = _row_kernel_names(lambda: forward("capped"), "poly_norm_fwd_row_kernel")
-        assert ran(names, regs) and not ran(names, 0), names
-        if M * H <= 2**22:
-            _check_cuda_against_oracle(x, g, w, b, None, f"H={H} forward_regs={regs}")
-    finally:
-        ops._tune_rows()
-    for k, (want, got) in enumerate(zip(results["table"], results["capped"])):
-        assert torch.equal(want, got), f"output {k}: the capped build's bits differ from the table's"
-    del x, g, results
+    del x, g, mul, x_view, staged, unstaged
     torch.cuda.empty_cache()
 
 
 @requires_cuda
-@pytest.mark.parametrize("M,H", [(512, 4096), (64, 65536)])
-@pytest.mark.parametrize("apart", [0, 1])
-def test_cuda_graph_capture_of_either_param_sum(apart, M, H):
+@pytest.mark.parametrize("M,H", [(512, 4096), (16384, 4096), (64, 65536), (2048, 65536)])
+def test_cuda_graph_capture_of_either_param_sum(M, H):
     # The sum apart is a second launch (a programmatic dependent launch on sm_90): captured and
-    # replayed like the rest, after a row kernel of one CTA and after one of clusters (65536 on an
-    # H200), its results bitwise equal to eager calls.
-    gen = torch.Generator().manual_seed(seed_for("graph apart", apart, H))
+    # replayed like the rest, after a row kernel of one CTA and after one of clusters (65536 on a
+    # device with clusters), its results bitwise equal to eager calls. The last block sums the
+    # short batches' partials, a kernel of their own the long ones' (4096: on every device of 132
+    # SMs or fewer; the profiler says which).
+    clusters = torch.cuda.get_device_capability() >= (9, 0)
+    if H == 65536 and not clusters:
+        pytest.skip("bf16 backward rows of 65536 are tiled without clusters: no partials summed apart")
+    gen = torch.Generator().manual_seed(seed_for("graph apart", M, H))
     x = make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)
     g = make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)
     w, b = make_params(torch.float32, "cuda", gen)
+    rstd = torch.ops.polynorm.forward(x, w, b, 1e-6)[1]
+    apart = any("param_sum_kernel" in n for n in _kernel_names(lambda: torch.ops.polynorm.backward(g, x, w, rstd)))
+    if H == 4096:
+        assert apart == (M > 512), (M, apart)
     fresh = lambda: make_rows(M, H, torch.bfloat16, "cuda", "contiguous", gen)  # noqa: E731
-    try:
-        torch.ops.polynorm._tune_rows(sum_apart=apart)
-        assert_graph_replay_matches_eager(x, g, w, b, fresh, fresh)
-        check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=f"apart {apart}")
-    finally:
-        torch.ops.polynorm._tune_rows()
+    assert_graph_replay_matches_eager(x, g, w, b, fresh, fresh)
+    check_against_oracle(run_backend("cuda", x, g, w, b, 1e-6), x, g, w, b, 1e-6, what=f"apart {apart}")

@@ -1,16 +1,22 @@
 """The CUDA launch plan (csrc/launch_plan.h), computed on the host: no GPU needed.
 
-``torch.ops.polynorm._launch_plan(op, H, dtype)`` says which kernel family (row or tiled)
-serves a row and with what geometry; ``_force_kernel(kind)`` makes every later CUDA launch
-take the other family where it can (the benchmarks' and the GPU tests' switch). These tests
-pin the table's boundaries, that the choice never depends on the batch (the op has no M), and
-the switch. On a GPU, each family, forced, runs PolyNorm's ops and the fused PolyNorm x mul's
-(``mul_forward``/``mul_backward``) against the float64 oracle, over layouts that reach each
-build's alignment paths.
+``torch.ops.polynorm._launch_plan(op, H, dtype, layout, clusters, family)`` says which kernel serves
+rows of H elements: the family (row or tiled), the build (wide, narrow, staged, tail), the layout
+(aligned, pack-realigned, same-phase, realigned), packs, threads, cluster and the kernel template.
+These tests pin the table's boundaries and that the choice never depends on the batch (the op has
+no M). ``_plan_space`` gives the plan's whole space (the first H of every run of rows served alike):
+the CPU tests check it against the row kernels compiled (``_row_kernels``) and the binary
+(bench/instantiations.py); on a GPU, every configuration in it runs through the private ops that
+take the configuration explicitly (``_forward_config``, ... with ``family`` and ``clusters``)
+against the float64 oracle, as does every family on short rows.
 """
 
+import importlib.util
 import itertools
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +24,10 @@ import torch
 import polynorm  # noqa: F401  (registers the ops)
 
 plan = torch.ops.polynorm._launch_plan
-force = torch.ops.polynorm._force_kernel
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("instantiations", ROOT / "bench" / "instantiations.py")
+instantiations = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(instantiations)
 
 # csrc/launch_plan.h: every row takes the wide builds, but PolyNorm's forward of 2-byte rows not
 # of whole 16-byte packs ("odd"), which takes the narrow build (half the packs): rows not of whole
@@ -149,7 +158,13 @@ def one_cta_limit(op: str, dtype: torch.dtype, wide: bool) -> int:
 
 
 def fields(text: str) -> dict:
-    return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", text)}
+    """A plan's key=value fields, numbers as int."""
+    return {k: int(v) if v.isdigit() else v for k, v in re.findall(r"(\w+)=(\S+)", text)}
+
+
+def layouts_of(dtype: torch.dtype, H: int) -> tuple[str, str]:
+    """The layouts rows of H may take: whole packs aligned or pack-realigned, odd ones same-phase or realigned."""
+    return ("aligned", "pack-realigned") if H * elem_size(dtype) % 16 == 0 else ("same-phase", "realigned")
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -232,54 +247,6 @@ def test_fused_backward_tail_rows():
                 old = -(-(-(-(H - 1) * elem // 16)) // f["packs"])  # lanes for the packs of H - 1 elements
                 assert f["G"] * f["cluster"] < lanes(old), (op, dtype, H, text)
     assert (torch.bfloat16, 5125) in taken and any(d == torch.float32 for d, _ in taken), taken
-    # _tune_rows(tail_rows=False): never (the plans of before); the same for every other row.
-    try:
-        torch.ops.polynorm._tune_rows(tail_rows=False)
-        f = fields(plan("mul_backward", 5125, torch.bfloat16))
-        assert (f["G"], f["cluster"], f.get("tail", 0)) == (96, 2, 0), f
-        assert all("tail=" not in plan("mul_backward", H, dtype) for dtype, H in taken)
-    finally:
-        torch.ops.polynorm._tune_rows()
-
-
-def test_narrow_forward_switch_moves_only_polynorm_forward_of_2_byte_whole_packs():
-    # _tune_rows(narrow_forward=True), a bench's A/B (csrc/launch_plan.h, row_packs; bench/tune_rows.py --narrow):
-    # PolyNorm's forward of 2-byte rows of whole packs takes the narrow build's 8 packs a thread (its odd rows'
-    # build); every other op, dtype and row keeps its plan, and _tune_rows() restores the table.
-    sizes = [256, 512, 4096, 3000, 4097, 5125, 32768, 65536, 262144]
-    table = {(op, dtype, H): plan(op, H, dtype) for op in OPS for dtype in FLOAT_DTYPES for H in sizes}
-    try:
-        torch.ops.polynorm._tune_rows(narrow_forward=True)
-        moved = set()
-        for (op, dtype, H), text in table.items():
-            now = plan(op, H, dtype)
-            if op == "forward" and elem_size(dtype) == 2 and H * 2 % 16 == 0:
-                f = fields(now)
-                assert now.startswith("row ") and f["packs"] == 8, (dtype, H, now)
-                assert f["G"] * f["cluster"] * 8 >= H * 2 // 16, (dtype, H, now)  # the row's packs, all held
-                moved.add((dtype, H))
-            else:
-                assert now == text, (op, dtype, H, now, text)
-        assert (torch.bfloat16, 65536) in moved and (torch.float16, 512) in moved, moved
-    finally:
-        torch.ops.polynorm._tune_rows()
-    assert all(plan(op, H, dtype) == text for (op, dtype, H), text in table.items())
-
-
-def test_forward_regs_switch_changes_no_plan():
-    # _tune_rows(forward_regs=96 or 80), a bench's A/B (csrc/cuda/launch.cuh, launch_forward_row;
-    # bench/tune_rows.py --regs): PolyNorm's aligned forward of the wide build on a build capped at that many
-    # registers a thread. The switch is accepted and moves no plan of any op (rows, threads, packs, clusters), which
-    # the bitwise comparison on a GPU relies on (tests/test_kernels.py::test_capped_forward_changes_no_bit).
-    sizes = [256, 512, 4096, 3000, 5125, 32768, 65536, 262144]
-    table = {(op, dtype, H): plan(op, H, dtype) for op in OPS for dtype in FLOAT_DTYPES for H in sizes}
-    assert any(fields(text)["packs"] == 16 for (op, _, _), text in table.items() if op == "forward"), table
-    for regs in (96, 80):
-        try:
-            torch.ops.polynorm._tune_rows(forward_regs=regs)
-            assert all(plan(op, H, dtype) == text for (op, dtype, H), text in table.items()), regs
-        finally:
-            torch.ops.polynorm._tune_rows()
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -318,20 +285,14 @@ def test_long_rows_split_over_clusters(op, dtype, wide):
         tier = SMALL_CTA if f["G"] <= SMALL_CTA and C <= small else cta_threads
         assert C == 2 or -(-need // (C // 2)) > tier, (H, text)  # the fewest CTAs of its tier
     assert plan(op, longest + 8 * vec, dtype).startswith("tiled "), (op, dtype)
-    # Tuning: smaller CTAs, larger clusters (the benchmarks' and tests' switch).
-    try:
-        torch.ops.polynorm._tune_rows(cta_threads=64, max_cluster=16)
-        f = fields(plan(op, 4 * per_thread * 64 + odd, dtype))  # 4 x 64 threads' worth
-        assert (f["cluster"], f["G"]) == (4, 64), f
-    finally:
-        torch.ops.polynorm._tune_rows()
+
 
 
 # csrc/launch_plan.h's table, bf16 rows of whole packs (fp32 rows hold half as many elements,
 # fp64 a quarter): (op, a row of one CTA, the next longer row of whole warps (one CTA of 160:
-# fewer threads than two of 96, in the backward and the fused forward), the shortest and the longest row on CTAs of 128, the
-# longest row of a cluster, the longest of one CTA without clusters). Past the last rows the
-# table gives, the tiled kernels.
+# fewer threads than two of 96, in the backward and the fused forward), the shortest and the
+# longest row on CTAs of 128, the longest row of a cluster, the longest of one CTA without
+# clusters). Past the last rows the table gives, the tiled kernels.
 TABLE_BF16 = [
     ("forward", 32768, 32768, 65536, 262144, 524288, 32768),
     ("backward", 8192, 9216, 12288, 65536, 262144, 16384),
@@ -347,59 +308,97 @@ def test_the_tables_boundaries(op, one_cta, longer, first_small, small, cluster,
     # The boundaries written in csrc/launch_plan.h's table comment, for every dtype.
     one_cta, longer, first_small = one_cta // scale, longer // scale, first_small // scale
     small, cluster, no_clusters = small // scale, cluster // scale, no_clusters // scale
-    for misaligned in (False, True):  # the output's alignment never moves a boundary
+    for layout in ("aligned", "pack-realigned"):  # the layout never moves a boundary
         def kind(H, clusters=True):
-            text = plan(op, H, dtype, out_misaligned=misaligned, clusters=clusters)
+            text = plan(op, H, dtype, layout, clusters)
             return text.split()[0] + ("" if text.startswith("tiled") else f"x{fields(text)['cluster']}")
 
         vec = 16 // elem_size(dtype)  # the next row of whole packs
         assert kind(one_cta) == "rowx1" and kind(longer) == "rowx1", (op, dtype)
         # The first rows on CTAs of at most 128 threads: 2 x 96 in the backward and the fused
         # forward, 4 x 128 in PolyNorm's forward.
-        first = fields(plan(op, first_small, dtype, out_misaligned=misaligned))
+        first = fields(plan(op, first_small, dtype, layout))
         expected = (2, 96) if direction(op) == "backward" or op == "mul_forward" else (4, 128)
         assert (first["cluster"], first["G"]) == expected, (op, dtype, first)
         C = SMALL_CLUSTER[direction(op)]
-        assert fields(plan(op, small, dtype))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
-        assert fields(plan(op, small + vec, dtype))["G"] > 128, (op, dtype)
+        assert fields(plan(op, small, dtype, layout))["G"] == 128 and kind(small) == f"rowx{C}", (op, dtype)
+        assert fields(plan(op, small + vec, dtype, layout))["G"] > 128, (op, dtype)
         assert kind(cluster) == "rowx16" and kind(cluster + vec) == "tiled", (op, dtype)
         assert kind(no_clusters, False) == "rowx1" and kind(no_clusters + vec, False) == "tiled", (op, dtype)
 
 
-@pytest.mark.parametrize("kind", ["row", "tiled"])
-def test_force_kernel_picks_a_family_where_it_can_serve(kind):
-    try:
-        force(kind)
-        for op in ("forward", "backward", "mul_forward", "mul_backward"):
-            assert plan(op, 4096, torch.bfloat16).startswith(kind + " "), op
-            assert plan(op, 4096, torch.float32).startswith(kind + " "), op
-        # Where the forced family cannot serve the row, the table's choice stands (the tiled
-        # kernels serve every row).
-        assert plan("forward", 65545, torch.bfloat16, clusters=False).startswith("tiled ")
-        assert plan("backward", 524289, torch.bfloat16).startswith("tiled ")
-    finally:
-        force("auto")
-    assert plan("forward", 4096, torch.bfloat16).startswith("row ")
+@pytest.mark.parametrize("family", ["row", "tiled"])
+def test_a_family_is_taken_where_it_serves_the_row(family):
+    for op in OPS:
+        for dtype in (torch.bfloat16, torch.float32):
+            assert plan(op, 4096, dtype, family=family).startswith(family + " "), (op, dtype)
+    # The tiled kernels serve every row; the row kernels not rows past a cluster's (or, without
+    # clusters, one CTA's) threads: "row" is then refused, by name.
+    assert plan("backward", 524289, torch.bfloat16, family="tiled").startswith("tiled ")
+    with pytest.raises(ValueError, match="polynorm._launch_plan: the row kernels do not serve forward rows of 65545 "
+                                         "elements of 2 bytes without clusters"):
+        plan("forward", 65545, torch.bfloat16, clusters=False, family="row")
+    assert plan("forward", 65545, torch.bfloat16, clusters=False).startswith("tiled ")  # auto: the table's
+
+
+def test_the_plan_names_its_kernel_build_and_layout():
+    # The rows of the issue that asked for it, and one of each build.
+    expected = {
+        ("forward", 5125, torch.bfloat16, "same-phase"):
+            "row build=narrow layout=same-phase packs=7 G=96 threads=96 cluster=1 "
+            "kernel=poly_norm_fwd_row_kernel<c10::BFloat16,7,kSamePhase,256,false,false,true>",
+        ("forward", 4096, torch.float32, "pack-realigned"):
+            "row build=wide layout=pack-realigned packs=16 G=64 threads=128 cluster=1 "
+            "kernel=poly_norm_fwd_row_kernel<float,16,kPackRealigned,256,false,false,true>",
+        ("mul_backward", 131072, torch.bfloat16, "aligned"):
+            "row build=staged layout=aligned packs=4 G=256 threads=256 cluster=16 policy=load-balancing "
+            "kernel=poly_norm_bwd_row_kernel<c10::BFloat16,4,kAlignedStaged,256,true,false,false> "
+            "sized_by=poly_norm_bwd_row_kernel<c10::BFloat16,4,kAligned,256,true,false,false>",
+        ("mul_backward", 5125, torch.bfloat16, "realigned"):
+            "row build=tail layout=realigned packs=4 G=160 threads=160 cluster=1 tail=5 "
+            "kernel=poly_norm_bwd_row_kernel<c10::BFloat16,4,kRealignedTail,256,true,false,true> "
+            "sized_by=poly_norm_bwd_row_kernel<c10::BFloat16,4,kAligned,256,true,false,false>",
+        ("grouped_forward", 30001, torch.float16, "same-phase"):  # without clusters below
+            "row build=narrow layout=same-phase packs=8 G=480 threads=480 cluster=1 "
+            "kernel=poly_norm_fwd_row_kernel<c10::Half,8,kSamePhase,1024,false,true,false> "
+            "fallback=poly_norm_fwd_row_kernel<c10::Half,8,kPackRealigned,1024,false,true,false>",
+        ("backward", 600000, torch.float64, "aligned"):
+            "tiled threads=1024 rows=1 passes=2 kernel=poly_norm_bwd_tiled_kernel<double,false>",
+    }
+    for (op, H, dtype, layout), text in expected.items():
+        assert plan(op, H, dtype, layout, op != "grouped_forward") == text, (op, H, dtype, layout)
+    # "" is the layout of contiguous rows: aligned for whole packs, same-phase for odd rows.
+    assert plan("forward", 4096, torch.bfloat16) == plan("forward", 4096, torch.bfloat16, "aligned")
+    assert plan("forward", 4097, torch.bfloat16) == plan("forward", 4097, torch.bfloat16, "same-phase")
 
 
 def test_bad_arguments_are_refused_by_name():
-    with pytest.raises(ValueError, match="polynorm._force_kernel: expected kind to be one of auto, row, tiled, got 'fast'"):
-        force("fast")
-    # The staged kernels are gone (bench/NOTES.md, v6: clusters serve their rows, faster).
-    with pytest.raises(ValueError, match="expected kind to be one of auto, row, tiled, got 'staged'"):
-        force("staged")
-    assert plan("forward", 4096, torch.bfloat16).startswith("row ")  # a refused kind changes nothing
+    with pytest.raises(ValueError, match="polynorm._launch_plan: expected family to be one of auto, row, tiled, "
+                                         "got 'fast'"):
+        plan("forward", 4096, torch.bfloat16, family="fast")
     with pytest.raises(ValueError, match="polynorm._launch_plan: expected op"):
         plan("sideways", 8, torch.float32)
     with pytest.raises(ValueError, match="expected H >= 1, got 0"):
         plan("forward", 0, torch.float32)
-    with pytest.raises(ValueError, match="expected a float dtype"):
+    with pytest.raises(ValueError, match="expected dtype to be float32, float64, float16 or bfloat16"):
         plan("forward", 8, torch.int32)
+    with pytest.raises(ValueError, match="expected layout to be aligned, same-phase, realigned or pack-realigned, "
+                                         "got 'sideways'"):
+        plan("forward", 8, torch.float32, "sideways")
+    # Rows of whole packs are never same-phase or realigned, odd ones never aligned or pack-realigned.
+    with pytest.raises(ValueError, match="rows of 4096 elements of 2 bytes are never realigned"):
+        plan("forward", 4096, torch.bfloat16, "realigned")
+    with pytest.raises(ValueError, match="rows of 4097 elements of 2 bytes are never aligned"):
+        plan("backward", 4097, torch.bfloat16, "aligned")
+    with pytest.raises(ValueError, match="polynorm._plan_space: expected op"):
+        torch.ops.polynorm._plan_space("sideways", torch.float32, "aligned")
+    with pytest.raises(ValueError, match="polynorm._row_kernels: expected dtype"):
+        torch.ops.polynorm._row_kernels("forward", torch.int64)
 
 
 # csrc/launch_plan.h, realign_phase: which tensor's phase a realigned row works in (classes:
-# tensors of one class share every row's phase). The rows measured in bench/NOTES.md v28 (calls
-# 1 and 4), each with the choice that ran faster there.
+# tensors of one class share every row's phase). The rows measured (bench/results/h200-2026-12-04),
+# each with the choice that ran faster there.
 @pytest.mark.parametrize(
     "op,classes,phase,why",
     [
@@ -438,57 +437,81 @@ def test_realign_phase_refuses_bad_arguments_by_name():
         torch.ops.polynorm._realign_phase("backward", [0, 1])
 
 
-# ---- On a GPU: every kernel family, forced, against the float64 oracle ------------------------
-
-from _matrix import (  # noqa: E402
-    check_against_oracle,
-    check_against_oracle_mul,
-    make_params,
-    make_rows,
-    requires_cuda,
-    run_backend,
-    run_backend_mul,
-    seed_for,
-)
+# ---- The plan's whole space ----------------------------------------------------------------------
+# _plan_space gives the first H of every run of rows (of a layout, with clusters or without) that the
+# plan serves alike, up to the rows only the tiled kernels serve; bench/instantiations.py walks it
+# for every op and dtype. The configurations: what makes a launch distinct (config_key: the kernel,
+# its cluster, several rows a block or one, a tail or none, one pass or two), each with its
+# shortest row.
+SPACE = instantiations.plan_space()
+CONFIGS = instantiations.configs(SPACE)
+ALL_OPS = instantiations.OPS
 
 
-@pytest.fixture
-def forced_kernel(request):
-    force(request.param)
-    yield request.param
-    force("auto")
+def run_key(text: str) -> tuple:
+    """What _plan_space compares between rows: the plan but the tail's exact length."""
+    f = instantiations.fields(text)
+    return tuple(f.get(k) for k in ("family", "packs", "G", "threads", "cluster", "passes", "kernel"))
 
 
-@requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
-@pytest.mark.parametrize("layout", ["contiguous", "misaligned"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
-@pytest.mark.parametrize("H", [1, 127, 769, 1024, 5125])
-def test_every_family_matches_the_oracle(forced_kernel, layout, dtype, H):
-    # Each family serves these rows when forced, so the tiled kernels, which the table picks
-    # only for long rows, are checked at small H too; 1024 (whole packs) reaches the aligned
-    # and realigned wide builds, the odd H the same-phase and realigned ones (the narrow build
-    # in the bf16 forward).
-    assert plan("forward", H, dtype).startswith(forced_kernel + " ")
-    gen = torch.Generator().manual_seed(seed_for("forced", forced_kernel, H, dtype, layout))
-    x = make_rows(37, H, dtype, "cuda", layout, gen)
-    g = make_rows(37, H, dtype, "cuda", layout, gen)
-    w, b = make_params(torch.float32, "cuda", gen)
-    out = run_backend("cuda", x, g, w, b, 1e-6)
-    check_against_oracle(out, x, g, w, b, 1e-6, what=f"forced {forced_kernel} H={H} {dtype} {layout}")
+def test_the_plan_space_is_its_runs():
+    # Every run start reproduces its plan; the row before it (of its layout) is planned otherwise,
+    # or is past the start of the space. Every op and dtype has rows of one CTA and of clusters, and
+    # tiled rows with clusters and without.
+    by_case = {}
+    for entry in SPACE:
+        by_case.setdefault((entry["op"], entry["dtype"], entry["layout"], entry["clusters"]), []).append(entry)
+    assert len(by_case) == len(ALL_OPS) * len(FLOAT_DTYPES) * 4 * 2
+    for (op, dtype, layout, clusters), runs in by_case.items():
+        starts = [e["H"] for e in runs]
+        assert starts == sorted(starts) and len(set(starts)) == len(starts), (op, dtype, layout, clusters)
+        assert runs[-1]["fields"]["family"] == "tiled", (op, dtype, layout, clusters, runs[-1])
+        clusters_seen = {e["fields"].get("cluster", 0) for e in runs}
+        assert 1 in clusters_seen and (max(clusters_seen) == 16) == clusters, (op, dtype, layout, clusters)
+        for e in runs[1 :: max(1, len(runs) // 25)]:  # a sample: the start repeats, the row before differs
+            assert plan(op, e["H"], dtype, layout, clusters) == e["plan"]
+            before = e["H"] - 1
+            while (before * elem_size(dtype) % 16 == 0) != (layout in ("aligned", "pack-realigned")):
+                before -= 1
+            assert run_key(plan(op, before, dtype, layout, clusters)) != run_key(e["plan"]), (op, dtype, layout, e)
+    for key, entry in CONFIGS.items():
+        assert instantiations.config_key(entry) == key
 
 
-@requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
-def test_every_family_gives_the_same_bits_on_every_run(forced_kernel):
-    gen = torch.Generator().manual_seed(seed_for("forced-bits", forced_kernel))
-    x = make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen)
-    g = make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen)
-    w, b = make_params(torch.float32, "cuda", gen)
-    first = run_backend("cuda", x, g, w, b, 1e-6)
-    again = run_backend("cuda", x, g, w, b, 1e-6)
-    for name in ("y", "dx", "dw", "db"):
-        assert torch.equal(getattr(first, name), getattr(again, name)), name
+def test_the_compiled_row_kernels_are_those_the_plan_takes():
+    # csrc/launch_plan.h, row_kernel_compiled (the kernels instantiated) against the kernels of the
+    # plan's whole space, its stage fallbacks and the grids' sizing builds: equal, for every op and dtype.
+    for op in ALL_OPS:
+        for dtype in FLOAT_DTYPES:
+            compiled = set(torch.ops.polynorm._row_kernels(op, dtype))
+            taken = set()
+            for entry in SPACE:
+                if entry["op"] == op and entry["dtype"] == dtype:
+                    taken |= {entry["fields"][k] for k in ("kernel", "fallback", "sized_by") if k in entry["fields"]}
+            taken = {name for name in taken if "_row_kernel<" in name}
+            assert compiled == taken, (op, dtype, sorted(compiled - taken), sorted(taken - compiled))
+
+
+def test_the_binarys_kernels_are_the_plans():
+    # bench/instantiations.py on the built extension: every kernel compiled, per architecture, is one
+    # the plan launches (or a backward helper), and every one it launches is compiled.
+    binaries = sorted((ROOT / "polynorm").glob("_C*.so"))
+    if not binaries:
+        pytest.skip("polynorm's extension (polynorm/_C*.so) is not built in place")
+    if shutil.which("c++filt") is None:
+        pytest.skip("c++filt (binutils) not found")
+    try:
+        from sass_load_order import find_cuobjdump  # bench/, on sys.path through instantiations
+
+        tool, env = find_cuobjdump()
+    except SystemExit:
+        pytest.skip("cuobjdump or nvdisasm not found (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    listing = subprocess.run([tool, "-lelf", str(binaries[0])], capture_output=True, text=True, env=env)
+    if listing.returncode != 0 or "sm_" not in listing.stdout:
+        pytest.skip("the extension was built without CUDA objects (POLYNORM_FORCE_CPU=1, or no nvcc)")
+    problems = instantiations.check(str(binaries[0]))
+    assert not problems, "\n".join(problems)
+
 
 
 def test_packs_a_thread():
@@ -496,14 +519,14 @@ def test_packs_a_thread():
     # backward; the fused op 8 each of x and mul forward, 4 each of x, grad_out and mul
     # backward. Odd rows: the same but for PolyNorm's forward of 2-byte rows (8, the narrow
     # build; at most 64 elements a thread; H = 64 vec + 1 fills its lanes, so no pack fewer).
-    # For every dtype, whatever the output's alignment.
+    # For every dtype, in every layout.
     for dtype in FLOAT_DTYPES:
         vec = 16 // elem_size(dtype)
         for op, packs in PACKS.items():
             odd = packs // 2 if op == "forward" and elem_size(dtype) == 2 else packs
-            for misaligned in (False, True):
-                assert fields(plan(op, 64 * vec, dtype, out_misaligned=misaligned))["packs"] == packs, (op, dtype)
-                assert fields(plan(op, 64 * vec + 1, dtype, out_misaligned=misaligned))["packs"] == odd, (op, dtype)
+            for H, want in ((64 * vec, packs), (64 * vec + 1, odd)):
+                for layout in layouts_of(dtype, H):
+                    assert fields(plan(op, H, dtype, layout))["packs"] == want, (op, dtype, H, layout)
 
 
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
@@ -532,11 +555,11 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
 
 def test_fused_forward_halves_the_packs_of_rows_a_quarter_idle():
     # bf16 H = 3000 (375 whole packs): 8 packs a thread on 64 lanes hold 512 slots, 27% idle; 4 on
-    # 96 lanes hold 384 (launch_plan.h, row_packs; bench/NOTES.md v21). fp32 1500 and bf16 2304 alike;
+    # 96 lanes hold 384 (launch_plan.h, row_packs; bench/results/h200-2026-12-03b). fp32 1500 and bf16 2304 alike;
     # 3072 (384 packs: a quarter idle at 8, not more), the powers of two, rows of a warp or less
     # (bf16 H = 8: 1 pack) and rows that 4 packs would spread over more than 128 lanes (bf16 4200:
     # 160) keep 8, odd 3001 its
-    # pack fewer; the other ops keep their counts; untrimmed (_tune_rows), 8. (packs, G.)
+    # pack fewer; the other ops keep their counts. (packs, G.)
     expected = {(torch.bfloat16, 3000): (4, 96), (torch.float16, 3000): (4, 96), (torch.float32, 1500): (4, 96),
                 (torch.bfloat16, 2304): (4, 96), (torch.bfloat16, 3072): (8, 64), (torch.bfloat16, 4096): (8, 64),
                 (torch.float32, 3000): (8, 96), (torch.bfloat16, 3001): (7, 64), (torch.bfloat16, 8): (8, 1),
@@ -546,12 +569,6 @@ def test_fused_forward_halves_the_packs_of_rows_a_quarter_idle():
         assert (f["packs"], f["G"], f["cluster"]) == (*packs_g, 1), (dtype, H, f)
     for op in ("forward", "backward", "mul_backward"):
         assert fields(plan(op, 3000, torch.bfloat16))["packs"] == PACKS[op], op
-    tune = torch.ops.polynorm._tune_rows
-    try:
-        tune(trim_packs=False)
-        assert fields(plan("mul_forward", 3000, torch.bfloat16))["packs"] == 8
-    finally:
-        tune()
 
 
 def test_a_pack_fewer_only_where_it_takes_fewer_slots():
@@ -568,29 +585,13 @@ def test_a_pack_fewer_only_where_it_takes_fewer_slots():
                 assert f["packs"] == packs_of(op, dtype, H), (op, dtype, H, f)
 
 
-def test_tuned_max_cluster_caps_the_first_tier():
-    # _tune_rows(max_cluster=k) with the table's CTA sizes: neither tier passes k CTAs. bf16
-    # forward 262144 (16 x 128 in the table) takes 8 x 256 under k = 8; odd 90115 (narrow, 1409
-    # threads) 4 x 384; the backward at 65536 (8 x 128) 4 x 256 under k = 4.
-    tune = torch.ops.polynorm._tune_rows
-    try:
-        for k, op, H, expected in [(8, "forward", 262144, (8, 256)), (8, "forward", 90115, (4, 384)),
-                                   (4, "backward", 65536, (4, 256)), (16, "forward", 262144, (16, 128))]:
-            tune(max_cluster=k)
-            f = fields(plan(op, H, torch.bfloat16))
-            assert (f["cluster"], f["G"]) == expected, (k, op, H, f)
-    finally:
-        tune()
-
 
 def test_clusters_of_16_take_load_balancing():
     # csrc/launch_plan.h, row_cluster_policy: a row's clusters of 16 CTAs launch with load
-    # balancing (2), smaller clusters with the default (0); one CTA a row has no policy. H over
-    # each op's cluster range, every dtype: the policy follows the cluster size alone, never H.
-    # _tune_rows(cluster_policy=p) sets p for every row of clusters.
-    tune = torch.ops.polynorm._tune_rows
+    # balancing, smaller clusters with the default; one CTA a row has no policy. H over each op's
+    # cluster range, every dtype: the policy follows the cluster size alone, never H.
     seen = set()
-    for op in OPS:
+    for op in ALL_OPS:
         for dtype in (torch.bfloat16, torch.float32, torch.float64):
             for H in [2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)]:
                 text = plan(op, H, dtype)
@@ -600,27 +601,18 @@ def test_clusters_of_16_take_load_balancing():
                 if f["cluster"] == 1:
                     assert "policy" not in f, (op, dtype, H, text)
                     continue
-                assert f["policy"] == (2 if f["cluster"] == 16 else 0), (op, dtype, H, text)
+                assert f["policy"] == ("load-balancing" if f["cluster"] == 16 else "default"), (op, dtype, H, text)
                 seen.add(f["policy"])
-    assert seen == {0, 2}, seen  # both reached
-    try:
-        for p in (0, 1, 2):
-            tune(cluster_policy=p)
-            assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == p
-            assert fields(plan("forward", 65536, torch.bfloat16))["policy"] == p
-            assert "policy" not in fields(plan("forward", 4096, torch.bfloat16))  # one CTA a row: none
-    finally:
-        tune()
-    assert fields(plan("backward", 262144, torch.bfloat16))["policy"] == 2
+    assert seen == {"default", "load-balancing"}, seen  # both reached
 
 
 def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
-    # csrc/launch_plan.h, row_staged: the fused backward's rows of whole packs on clusters of CTAs of 256
-    # threads, in 2- and 4-byte dtypes, whose every slot is in the row, are staged a row ahead ("staged=1");
-    # no other row is (odd rows, 65537 among the sizes, never). H over every op's cluster range (122880 bf16: 16 x 256 threads, 3840 lanes of 4096 at work),
-    # every dtype: the choice follows the op, the dtype's size and the row's geometry alone.
-    # _tune_rows(stage_rows=0) stages none; 1 (or the table's, -1) the same rows.
-    tune = torch.ops.polynorm._tune_rows
+    # csrc/launch_plan.h, row_staged: the fused backward's aligned rows of whole packs on clusters of
+    # CTAs of 256 threads, in 2- and 4-byte dtypes, whose every slot is in the row, take the staged
+    # build; their misaligned views (pack-realigned) and every other row do not (odd rows, 65537
+    # among the sizes, never). H over every op's cluster range (122880 bf16: 16 x 256 threads, 3840
+    # lanes of 4096 at work), every dtype: the choice follows the op, the dtype's size and the row's
+    # geometry alone.
     sizes = ([2**k for k in range(9, 20)] + [2**k + 1 for k in range(9, 20)] + [3 * 2**k for k in range(9, 18)]
              + [122880])
     staged = set()
@@ -632,108 +624,252 @@ def test_fused_backward_rows_of_clusters_on_ctas_of_256_are_staged():
                 want = (op == "mul_backward" and elem_size(dtype) <= 4 and text.startswith("row ")
                         and f["cluster"] > 1 and f["threads"] == 256
                         and H * elem_size(dtype) % 16 == 0 and f["G"] * f["cluster"] * f["packs"] == slot_packs(dtype, H))
-                assert ("staged=1" in text) == want, (op, dtype, H, text)
+                assert (f.get("build") == "staged") == want, (op, dtype, H, text)
                 if want:
                     staged.add((dtype, H))
-                    assert plan(op, H, dtype, clusters=False).find("staged") < 0  # no clusters: none
+                    assert "kAlignedStaged" in f["kernel"], text
+                    assert fields(plan(op, H, dtype, "pack-realigned"))["build"] == "wide"
+                    assert "staged" not in plan(op, H, dtype, clusters=False)  # no clusters: none
     assert (torch.bfloat16, 131072) in staged and (torch.float32, 32768) in staged, staged
     text = plan("mul_backward", 122880, torch.bfloat16)  # every slot not in the row: not staged
     assert fields(text)["threads"] == 256 and "staged" not in text, text
-    try:
-        tune(stage_rows=0)
-        assert all("staged" not in plan("mul_backward", H, dtype) for dtype, H in staged)
-        tune(stage_rows=1)
-        assert all("staged=1" in plan("mul_backward", H, dtype) for dtype, H in staged)
-    finally:
-        tune()
 
 
-def test_tune_rows_splits_rows_never_changes_packs():
-    tune = torch.ops.polynorm._tune_rows
-    default = {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS}
-    try:
-        tune(0, False, 64, 16)
-        for op in OPS:
-            f = fields(plan(op, 8192, torch.bfloat16))
-            assert f["packs"] == default[op]["packs"] and f["G"] <= 64, (op, f)
-        # The backward at 8192 takes 128 threads of 8 packs: two CTAs of 64 under the tuning.
-        f = fields(plan("backward", 8192, torch.bfloat16))
-        assert (f["G"], f["cluster"]) == (64, 2) and default["backward"]["cluster"] == 1, f
-        # The wide builds' CTAs hold at most 256 threads, whatever cta_threads says.
-        tune(-1, True, 1024, 8)
-        f = fields(plan("forward", 65536, torch.bfloat16))
-        assert (f["G"], f["cluster"]) == (256, 2), f
-    finally:
-        tune()
-    assert {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS} == default
-    for args, message in TUNE_ROWS_ERRORS:
-        with pytest.raises(ValueError) as raised:
-            tune(*args)
-        assert str(raised.value) == message
-    # A rejected call changes nothing: every check comes before any setting is stored.
-    assert {op: fields(plan(op, 8192, torch.bfloat16)) for op in OPS} == default
 
-
-# _tune_rows' bad calls and their whole messages: every number in a message, the bounds too,
-# is formatted by num() (csrc/polynorm.h, std::to_string), never streamed into a std::ostream:
-# an int streamed into the cta_threads message crashed the H200 suite's worker (torch 2.11),
-# where a second copy of libstdc++'s facet ids had been numbered first (csrc/polynorm.cpp).
-TUNE_ROWS_ERRORS = [
-    ((-2,), "polynorm._tune_rows: expected -1 <= grid_waves <= 64, got -2"),
-    ((-1, True, 48), "polynorm._tune_rows: expected cta_threads to be 0 or a multiple of 32 in [32, 1024], got 48"),
-    ((-1, True, 0, 3), "polynorm._tune_rows: expected max_cluster to be 0, 1, 2, 4, 8 or 16, got 3"),
-    ((-1, True, 32, 2, True, -2), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got -2"),
-    ((-1, True, 0, 0, True, 100001), "polynorm._tune_rows: expected -1 <= stagger <= 100000, got 100001"),
-    ((-1, True, 0, 0, True, -1, 2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got 2"),
-    ((-1, True, 0, 0, True, -1, -2), "polynorm._tune_rows: expected -1 <= sum_apart <= 1, got -2"),
-    ((-1, True, 0, 0, True, -1, -1, 3), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got 3"),
-    ((-1, True, 0, 0, True, -1, -1, -2), "polynorm._tune_rows: expected -1 <= cluster_policy <= 2, got -2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, 2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got 2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, -2), "polynorm._tune_rows: expected -1 <= stage_rows <= 1, got -2"),
-    ((-1, True, 0, 0, True, -1, -1, -1, -1, True, False, 64),
-     "polynorm._tune_rows: expected forward_regs to be 0, 80 or 96, got 64"),
-    ((-1, True, 0, 0, True, -1, -1, -1, -1, True, False, 128),
-     "polynorm._tune_rows: expected forward_regs to be 0, 80 or 96, got 128"),
-]
-
-# ---- The fused PolyNorm x mul: its two families, forced --------------------------------------
+# ---- The fused PolyNorm x mul: its two families -------------------------------------------------
 # mul_forward and mul_backward have a row build and a tiled build, as PolyNorm's ops do: forcing
-# "row" past the row kernels' register budget gives the tiled build.
+# mul_forward and mul_backward have a row build and a tiled build, as PolyNorm's ops do: asking
+# for "row" past the row kernels' register budget is refused, "tiled" serves every row.
 
-def mul_family(op: str, H: int, dtype: torch.dtype, forced: str, clusters: bool = True) -> str:
-    """The family csrc/launch_plan.h's table gives a row of the fused op with ``forced`` set:
-    the row build while the row's threads fit one CTA, or with clusters a cluster (cluster_of),
-    unless tiled is forced; the tiled build otherwise."""
-    return "row" if cluster_of(op, dtype, H, clusters) is not None and forced != "tiled" else "tiled"
+def mul_family(op: str, H: int, dtype: torch.dtype, family: str, clusters: bool = True) -> str:
+    """The family csrc/launch_plan.h's table gives a row of the fused op for ``family``: the row
+    build while the row's threads fit one CTA, or with clusters a cluster (cluster_of), unless
+    tiled is asked for; the tiled build otherwise."""
+    return "row" if cluster_of(op, dtype, H, clusters) is not None and family != "tiled" else "tiled"
 
 
 @pytest.mark.parametrize("op", ["mul_forward", "mul_backward"])
-@pytest.mark.parametrize("kind", ["auto", "row", "tiled"])
-def test_mul_ops_forced_families(op, kind):
+@pytest.mark.parametrize("family", ["auto", "row", "tiled"])
+def test_mul_ops_families(op, family):
     # On the host: what the GPU tests below rely on, for every H they use and the boundaries.
-    try:
-        force(kind)
-        for dtype in (torch.bfloat16, torch.float32, torch.float64):
-            vec = 16 // elem_size(dtype)
-            wide_limit = one_cta_limit(op, dtype, True)
-            odd_limit = one_cta_limit(op, dtype, False)
-            for H in (1, 127, 769, 4096, 5125, wide_limit, wide_limit + vec, odd_limit, odd_limit + 2 * vec, 40000,
-                      wide_limit * MAX_CLUSTER, wide_limit * MAX_CLUSTER + vec, 8 * odd_limit, 8 * odd_limit + 2):
-                for clusters in (True, False):
-                    expected = mul_family(op, H, dtype, kind, clusters)
-                    text = plan(op, H, dtype, clusters=clusters)
-                    assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
-                    # The output's alignment never changes the fused op's family.
-                    text = plan(op, H, dtype, out_misaligned=True, clusters=clusters)
-                    assert text.startswith(expected + " "), (op, kind, dtype, H, clusters, text)
-    finally:
-        force("auto")
+    for dtype in (torch.bfloat16, torch.float32, torch.float64):
+        vec = 16 // elem_size(dtype)
+        wide_limit = one_cta_limit(op, dtype, True)
+        odd_limit = one_cta_limit(op, dtype, False)
+        for H in (1, 127, 769, 4096, 5125, wide_limit, wide_limit + vec, odd_limit, odd_limit + 2 * vec, 40000,
+                  wide_limit * MAX_CLUSTER, wide_limit * MAX_CLUSTER + vec, 8 * odd_limit, 8 * odd_limit + 2):
+            for clusters in (True, False):
+                expected = mul_family(op, H, dtype, "auto" if family == "row" else family, clusters)
+                for layout in layouts_of(dtype, H):  # the layout never changes the fused op's family
+                    if family == "row" and expected == "tiled":
+                        with pytest.raises(ValueError, match="the row kernels do not serve"):
+                            plan(op, H, dtype, layout, clusters, family)
+                        continue
+                    text = plan(op, H, dtype, layout, clusters, family)
+                    assert text.startswith(expected + " "), (op, family, dtype, H, clusters, layout, text)
+
+
+# ---- On a GPU: every configuration, explicitly, against the float64 oracle ----------------------
+
+from _matrix import (  # noqa: E402
+    Grads,
+    MulGrads,
+    check_against_oracle,
+    check_against_oracle_mul,
+    make_params,
+    make_rows,
+    poisoned_outputs,
+    requires_cuda,
+    seed_for,
+)
+
+EPS = 1e-6
+requires_clusters = pytest.mark.skipif(
+    not HAS_CLUSTERS, reason="thread-block clusters need a CUDA device of compute capability 9.0 or later"
+)
+
+
+def run_config(op: str, x, g, w, b, family: str, clusters: bool, mul=None, offsets=None):
+    """The op's forward and backward through the private ops that take the configuration (``family``,
+    ``clusters``) explicitly, every buffer they allocate poisoned first: Grads (PolyNorm, grouped) or
+    MulGrads (the fused op, ``mul`` given)."""
+    ops = torch.ops.polynorm
+    with poisoned_outputs():
+        if offsets is not None:
+            y, rstd = ops._grouped_forward_config(x, w, b, offsets, EPS, family, clusters)
+            return Grads(y, *ops._grouped_backward_config(g, x, w, offsets, rstd, family, clusters))
+        if mul is not None:
+            out, rstd = ops._mul_forward_config(x, mul, w, b, EPS, family, clusters)
+            return MulGrads(out, *ops._mul_backward_config(g, x, mul, w, b, rstd, family, clusters))
+        y, rstd = ops._forward_config(x, w, b, EPS, family, clusters)
+        return Grads(y, *ops._backward_config(g, x, w, rstd, family, clusters))
+
+
+def config_inputs(entry: dict, M: int, gen: torch.Generator):
+    """Fresh random x, grad, mul (the fused op), weight, bias (per expert for the grouped op) and, for
+    the grouped op, counts and offsets, for rows of the entry's H in its layout: contiguous rows are
+    aligned (whole packs) or same-phase (odd H); x one element into its buffer makes them
+    pack-realigned or realigned (the outputs are new tensors, aligned)."""
+    op, dtype, H = entry["op"], entry["dtype"], entry["H"]
+    moved = entry["layout"] in ("pack-realigned", "realigned")
+    x = make_rows(M, H, dtype, "cuda", "misaligned" if moved else "contiguous", gen)
+    g = make_rows(M, H, dtype, "cuda", "contiguous", gen)
+    mul = make_rows(M, H, dtype, "cuda", "contiguous", gen) if op.startswith("mul_") else None
+    if op.startswith("grouped_"):
+        from test_grouped import make_experts, offsets_of
+
+        counts = [M // 2, 0, M - M // 2 - 1]  # an empty expert, and a last row of no expert
+        w, b = make_experts(len(counts), torch.float32, "cuda", gen)
+        return x, g, mul, w, b, counts, offsets_of(counts, "cuda")
+    w, b = make_params(torch.float32, "cuda", gen)
+    return x, g, mul, w, b, None, None
+
+
+def check_config(entry: dict) -> None:
+    """The entry's configuration (its op at its H, layout and clusters) against the float64 oracle,
+    on 2 R + 1 rows (R: rows a block), so that a block of several rows has a partial one after it."""
+    f = entry["fields"]
+    R = f["threads"] // f["G"] if f["family"] == "row" else 1
+    M = 2 * R + 1
+    what = (f"{entry['op']} H={entry['H']} {entry['dtype']} {entry['layout']} clusters={entry['clusters']}: "
+            f"{entry['plan']}")
+    gen = torch.Generator().manual_seed(seed_for("config", what))
+    x, g, mul, w, b, counts, offsets = config_inputs(entry, M, gen)
+    assert x.data_ptr() % 16 == (0 if entry["layout"] in ("aligned", "same-phase") else x.element_size()), what
+    out = run_config(entry["op"], x, g, w, b, "auto", entry["clusters"], mul, offsets)
+    if offsets is not None:
+        from test_grouped import check_grouped
+
+        check_grouped(out, x, g, w, b, counts, EPS, what=what)
+    elif mul is not None:
+        check_against_oracle_mul(out, x, mul, g, w, b, EPS, what=what)
+    else:
+        check_against_oracle(out, x, g, w, b, EPS, what=what)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("op", ALL_OPS)
+def test_every_configuration_of_the_plan_matches_the_oracle(op, dtype):
+    # Every distinct configuration the plan can give this op and dtype (CONFIGS: kernel, layout,
+    # cluster, rows a block, tail, passes; with clusters and without), each at its shortest row,
+    # explicitly (the private ops' `clusters`: false takes a device without clusters' plan, as sm_80
+    # would, on this device too). A device without clusters cannot take the plans with them: those
+    # are left to a device that has them.
+    entries = [e for e in CONFIGS.values() if e["op"] == op and e["dtype"] == dtype]
+    assert len(entries) >= 10, (op, dtype, len(entries))
+    failures = []
+    for entry in entries:
+        if entry["clusters"] and not HAS_CLUSTERS:
+            continue
+        try:
+            check_config(entry)
+        except AssertionError as failure:
+            failures.append(str(failure).split("\n")[0])
+    torch.cuda.empty_cache()
+    assert not failures, f"{len(failures)} of {len(entries)} configurations:\n" + "\n".join(failures)
+
+
+def _kernels_run(fn) -> list[str]:
+    """The polynorm CUDA kernels that fn() launches (torch.profiler), named as _launch_plan names them."""
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "poly_norm" in e.name or "param_sum" in e.name]
+    mangled = [n for n in names if n.startswith("_Z")]
+    if mangled and shutil.which("c++filt"):
+        demangled = subprocess.run(["c++filt"], input="\n".join(mangled), capture_output=True, text=True).stdout
+        names = [n for n in names if not n.startswith("_Z")] + demangled.split("\n")[: len(mangled)]
+    return [instantiations.normalised(n) for n in names]
+
+
+@requires_cuda
+def test_the_plan_names_the_kernel_that_runs():
+    # One configuration of each op, build and layout (bf16 and fp32; with clusters where the device
+    # has them): the kernel the private op launches is the one _launch_plan names.
+    seen, checked = set(), 0
+    for entry in CONFIGS.values():
+        f = entry["fields"]
+        key = (entry["op"], f.get("build", "tiled"), entry["layout"], entry["clusters"])
+        if entry["dtype"] not in (torch.bfloat16, torch.float32) or key in seen:
+            continue
+        if entry["clusters"] and not HAS_CLUSTERS:
+            continue
+        seen.add(key)
+        op, backward = entry["op"], entry["op"].endswith("backward")
+        gen = torch.Generator().manual_seed(seed_for("names", entry["plan"]))
+        x, g, mul, w, b, counts, offsets = config_inputs(entry, 3, gen)
+        ops, clusters = torch.ops.polynorm, entry["clusters"]
+        if offsets is not None:
+            rstd = ops._grouped_forward_config(x, w, b, offsets, EPS, "auto", clusters)[1]
+            fn = (lambda: ops._grouped_backward_config(g, x, w, offsets, rstd, "auto", clusters)) if backward else (
+                lambda: ops._grouped_forward_config(x, w, b, offsets, EPS, "auto", clusters))
+        elif mul is not None:
+            rstd = ops._mul_forward_config(x, mul, w, b, EPS, "auto", clusters)[1]
+            fn = (lambda: ops._mul_backward_config(g, x, mul, w, b, rstd, "auto", clusters)) if backward else (
+                lambda: ops._mul_forward_config(x, mul, w, b, EPS, "auto", clusters))
+        else:
+            rstd = ops._forward_config(x, w, b, EPS, "auto", clusters)[1]
+            fn = (lambda: ops._backward_config(g, x, w, rstd, "auto", clusters)) if backward else (
+                lambda: ops._forward_config(x, w, b, EPS, "auto", clusters))
+        ran = _kernels_run(fn)
+        assert f["kernel"] in ran, (op, entry["H"], entry["layout"], clusters, f["kernel"], ran)
+        checked += 1
+    assert checked >= (40 if HAS_CLUSTERS else 20), checked  # 57 with clusters, 24 without
+
+
+@requires_cuda
+@pytest.mark.parametrize("family", ["auto", "tiled"])
+@pytest.mark.parametrize("layout", ["contiguous", "misaligned"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("H", [1, 127, 769, 1024, 5125])
+def test_every_family_matches_the_oracle(family, layout, dtype, H):
+    # Each family serves these rows when asked, so the tiled kernels, which the table takes only
+    # for long rows, are checked at small H too; 1024 (whole packs) reaches the aligned and
+    # pack-realigned wide builds, the odd H the same-phase and realigned ones (the narrow build in
+    # the bf16 forward).
+    assert plan("forward", H, dtype, family=family).startswith("tiled " if family == "tiled" else "row ")
+    gen = torch.Generator().manual_seed(seed_for("family", family, H, dtype, layout))
+    x = make_rows(37, H, dtype, "cuda", layout, gen)
+    g = make_rows(37, H, dtype, "cuda", layout, gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    out = run_config("forward", x, g, w, b, family, True)
+    check_against_oracle(out, x, g, w, b, EPS, what=f"{family} H={H} {dtype} {layout}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("family", ["auto", "tiled"])
+def test_every_family_gives_the_same_bits_on_every_run(family):
+    gen = torch.Generator().manual_seed(seed_for("family-bits", family))
+    x = make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen)
+    g = make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    first = run_config("forward", x, g, w, b, family, True)
+    again = run_config("forward", x, g, w, b, family, True)
+    for name in ("y", "dx", "dw", "db"):
+        assert torch.equal(getattr(first, name), getattr(again, name)), name
+
+
+@requires_cuda
+def test_the_row_family_is_refused_where_it_cannot_serve():
+    # bf16 forward rows of 65545 elements need more than one CTA: without clusters only the tiled
+    # kernels serve them, and asking for the row kernels says so.
+    gen = torch.Generator().manual_seed(seed_for("row-refused"))
+    x = make_rows(2, 65545, torch.bfloat16, "cuda", "contiguous", gen)
+    w, b = make_params(torch.float32, "cuda", gen)
+    with pytest.raises(RuntimeError, match="polynorm._forward_config: the row kernels do not serve rows of 65545"):
+        torch.ops.polynorm._forward_config(x, w, b, EPS, "row", False)
+    with pytest.raises(ValueError, match="polynorm._forward_config: expected family to be one of auto, row, tiled"):
+        torch.ops.polynorm._forward_config(x, w, b, EPS, "fast", False)
+    y, _ = torch.ops.polynorm._forward_config(x, w, b, EPS, "auto", False)  # the tiled kernel
+    assert torch.equal(y, torch.ops.polynorm._forward_config(x, w, b, EPS, "tiled", True)[0])
 
 
 # (H, x layout, mul layout, grad_out layout). Beside the matrix of test_every_family_matches_the_oracle:
 # - H = 4096, x and grad_out aligned with a misaligned mul (a view one element into a buffer):
 #   the realigning row build, which realigns mul's rows and not x's (and the reverse);
-# - H = 40000, past every row build's budget: the tiled build with misaligned inputs.
+# - H = 40000, past every row build's budget without clusters: the tiled build with misaligned inputs.
 MUL_LAYOUT_CASES = [
     *[(H, layout, layout, layout) for H in (1, 127, 769, 3000, 5125) for layout in ("contiguous", "misaligned")],
     (4096, "contiguous", "misaligned", "contiguous"),
@@ -746,35 +882,35 @@ MUL_LAYOUT_CASES = [
 
 
 @requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
+@pytest.mark.parametrize("family", ["auto", "tiled"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
 @pytest.mark.parametrize(
     "H,x_layout,mul_layout,g_layout", MUL_LAYOUT_CASES, ids=["-".join(map(str, case)) for case in MUL_LAYOUT_CASES]
 )
-def test_every_mul_family_matches_the_oracle(forced_kernel, dtype, H, x_layout, mul_layout, g_layout):
-    # The plan says which family ran (forcing "row" past its budget runs the tiled build).
+def test_every_mul_family_matches_the_oracle(family, dtype, H, x_layout, mul_layout, g_layout):
+    # The plan says which family runs: the tiled build where asked, or past the row builds'
+    # budget (without clusters: 40000 in every dtype).
     for op in ("mul_forward", "mul_backward"):
-        expected = mul_family(op, H, dtype, forced_kernel, HAS_CLUSTERS)
-        text = plan(op, H, dtype, clusters=HAS_CLUSTERS)
-        assert text.startswith(expected + " "), (op, forced_kernel, H, dtype, text)
-    key = ("forced-mul", forced_kernel, H, dtype, x_layout, mul_layout, g_layout)
+        expected = mul_family(op, H, dtype, family, False)
+        assert plan(op, H, dtype, clusters=False, family=family).startswith(expected + " "), (op, family, H, dtype)
+    key = ("family-mul", family, H, dtype, x_layout, mul_layout, g_layout)
     gen = torch.Generator().manual_seed(seed_for(*key))
     x = make_rows(37, H, dtype, "cuda", x_layout, gen)
     mul = make_rows(37, H, dtype, "cuda", mul_layout, gen)
     g = make_rows(37, H, dtype, "cuda", g_layout, gen)
     w, b = make_params(torch.float32, "cuda", gen)
-    out = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)  # every buffer poisoned with NaN first
-    what = f"forced {forced_kernel} H={H} {dtype} x {x_layout}, mul {mul_layout}, grad_out {g_layout}"
-    check_against_oracle_mul(out, x, mul, g, w, b, 1e-6, what=what)
+    out = run_config("mul_forward", x, g, w, b, family, False, mul=mul)
+    what = f"{family} H={H} {dtype} x {x_layout}, mul {mul_layout}, grad_out {g_layout}"
+    check_against_oracle_mul(out, x, mul, g, w, b, EPS, what=what)
 
 
 @requires_cuda
-@pytest.mark.parametrize("forced_kernel", ["row", "tiled"], indirect=True)
-def test_every_mul_family_gives_the_same_bits_on_every_run(forced_kernel):
-    gen = torch.Generator().manual_seed(seed_for("forced-mul-bits", forced_kernel))
+@pytest.mark.parametrize("family", ["auto", "tiled"])
+def test_every_mul_family_gives_the_same_bits_on_every_run(family):
+    gen = torch.Generator().manual_seed(seed_for("family-mul-bits", family))
     x, mul, g = (make_rows(1000, 769, torch.bfloat16, "cuda", "contiguous", gen) for _ in range(3))
     w, b = make_params(torch.float32, "cuda", gen)
-    first = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
-    again = run_backend_mul("cuda", x, mul, g, w, b, 1e-6)
+    first = run_config("mul_forward", x, g, w, b, family, True, mul=mul)
+    again = run_config("mul_forward", x, g, w, b, family, True, mul=mul)
     for name in ("out", "dx", "dmul", "dw", "db"):
         assert torch.equal(getattr(first, name), getattr(again, name)), name

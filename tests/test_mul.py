@@ -276,9 +276,8 @@ def test_backward_deterministic(device, backend, H):
         torch.set_num_threads(threads)
 
 
-# (H, forced CUDA kernel family): the row build at every row length it serves (40000: a row of
-# a cluster of CTAs on sm_90), the tiled build forced there, and forced at short rows, where a
-# tiled block holds several rows (the row's place in its block must not matter either).
+# (H, CUDA kernel family, passed explicitly): the row build at every row length it serves (40000:
+# a row of a cluster of CTAs on sm_90), the tiled build asked for there and at short rows.
 BATCH_CASES = [
     (3, "auto"), (1024, "auto"), (5125, "auto"), (16385, "auto"), (40000, "auto"), (40000, "tiled"), (3, "tiled"),
     (769, "tiled"),
@@ -298,22 +297,19 @@ def test_cuda_batch_invariance(H, kind, dtype):
     big = [make_rows(max(sizes), H, dtype, "cuda", "contiguous", gen) for _ in range(3)]  # x, mul, grad_out
     row = [t[0:1].clone() for t in big]
     w, b = make_params(torch.float32, "cuda", gen)
-    torch.ops.polynorm._force_kernel(kind)
-    try:
-        alone_out, alone_rstd = torch.ops.polynorm.mul_forward(row[0], row[1], w, b, 1e-6)
-        alone_dx, alone_dmul, _, _ = torch.ops.polynorm.mul_backward(row[2], row[0], row[1], w, b, alone_rstd)
-        for n in sizes:
-            perm = torch.randperm(n, generator=gen)
-            at = int((perm == 0).nonzero())
-            x, mul, g = (torch.cat([r, t[1:n]])[perm] for r, t in zip(row, big))
-            out, rstd = torch.ops.polynorm.mul_forward(x, mul, w, b, 1e-6)
-            dx, dmul, _, _ = torch.ops.polynorm.mul_backward(g, x, mul, w, b, rstd)
-            assert torch.equal(out[at : at + 1], alone_out), f"out, batch of {n}"
-            assert torch.equal(rstd[at : at + 1], alone_rstd), f"rstd, batch of {n}"
-            assert torch.equal(dx[at : at + 1], alone_dx), f"grad_x, batch of {n}"
-            assert torch.equal(dmul[at : at + 1], alone_dmul), f"grad_mul, batch of {n}"
-    finally:
-        torch.ops.polynorm._force_kernel("auto")
+    ops = torch.ops.polynorm  # the private ops with the family explicit (kind), on this device's plan
+    alone_out, alone_rstd = ops._mul_forward_config(row[0], row[1], w, b, 1e-6, kind, True)
+    alone_dx, alone_dmul, _, _ = ops._mul_backward_config(row[2], row[0], row[1], w, b, alone_rstd, kind, True)
+    for n in sizes:
+        perm = torch.randperm(n, generator=gen)
+        at = int((perm == 0).nonzero())
+        x, mul, g = (torch.cat([r, t[1:n]])[perm] for r, t in zip(row, big))
+        out, rstd = ops._mul_forward_config(x, mul, w, b, 1e-6, kind, True)
+        dx, dmul, _, _ = ops._mul_backward_config(g, x, mul, w, b, rstd, kind, True)
+        assert torch.equal(out[at : at + 1], alone_out), f"out, batch of {n}"
+        assert torch.equal(rstd[at : at + 1], alone_rstd), f"rstd, batch of {n}"
+        assert torch.equal(dx[at : at + 1], alone_dx), f"grad_x, batch of {n}"
+        assert torch.equal(dmul[at : at + 1], alone_dmul), f"grad_mul, batch of {n}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)

@@ -1,5 +1,5 @@
 """The row kernels (every layout) issue every row load before the first instruction that waits for one
-(bench/sass_load_order.py; bench/NOTES.md v20): read from the built extension's SASS, so it runs
+(bench/sass_load_order.py): read from the built extension's SASS, so it runs
 on the CPU machine and in CI, wherever the extension has its CUDA objects and ``cuobjdump`` is
 found with ``nvdisasm`` (the pip packages ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,
 requirements.txt, or the CUDA toolkit's).
@@ -7,7 +7,8 @@ requirements.txt, or the CUDA toolkit's).
 A load that ptxas sinks below the row's first wait costs every row a second memory round trip:
 a change to code that never runs on the row path (the backward's last-block sum) did that to the
 bf16 and fp16 backward kernels and cost PolyNorm's backward 5-25% on an H200, with the same
-registers and no spill (v20, call 1). The checker itself is tested on a made-up listing first."""
+registers and no spill (bench/results/h200-2026-12-03). The checker itself is tested on a made-up
+listing first."""
 
 import importlib.util
 import shutil
@@ -70,6 +71,6 @@ def test_row_kernels_issue_their_loads_first():
     checked, problems = sass.check([binary])
     if checked == 0:
         pytest.skip(f"the extension has no {sass.ARCH} code (TORCH_CUDA_ARCH_LIST without 9.0)")
-    # 26 aligned builds and 70 of each realigning layout at 546b8e9.
-    assert checked >= 200, f"only {checked} {sass.ARCH} row kernels found in {binary}"
+    # 159 non-grouped row kernels: the plan's (bench/instantiations.py), every layout.
+    assert checked >= 150, f"only {checked} {sass.ARCH} row kernels found in {binary}"
     assert not problems, "\n".join(problems)

@@ -1,7 +1,7 @@
 // What the CUDA kernels take beside the rows and parameters: the fused multiply's tensors
 // (MulArgs), the grouped ops' per-row expert (GroupArgs, load_param_at, expert_params), and
 // the row kernels' occupancy bound (row_min_blocks). Used by forward.cuh and backward.cuh,
-// filled in by launch.cuh.
+// filled in by launch_forward.cuh and launch_backward.cuh.
 #pragma once
 
 #include "expert_offsets.cuh"
@@ -41,7 +41,7 @@ struct MulArgs {
 //   terms are 0;
 // - backward: each row writes its [r_3 S_3, r_2 S_2, r_1 S_1, sum g] (what the single-expert
 //   launch adds to the block's partial: the same expressions) to row_terms, and no block
-//   partial or finish_param_grads runs; grouped_param_sums (polynorm_grouped_cuda.cu) then
+//   partial or finish_param_grads runs; grouped_param_sums (cuda/backward.cu) then
 //   sums each expert's segment in a fixed order.
 // A row's bits therefore depend only on its data, its expert's parameters, H and the dtype.
 template <typename acc_t>
@@ -73,44 +73,14 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
   }
 }
 
-// Blocks of the narrow <= 256-thread builds (PolyNorm's forward of 2-byte odd-H rows) that must
-// fit an SM at once: 3 caps them at 80
-// registers a thread. Set with -DPOLYNORM_ROW_MIN_BLOCKS=1 (no cap) for measurements.
-#ifndef POLYNORM_ROW_MIN_BLOCKS
-#define POLYNORM_ROW_MIN_BLOCKS 3
-#endif
-
-// The wide realigning builds' blocks (below): 2 (128 registers, where ptxas spills 0-88 bytes
-// by dtype and op, fp64 the most, since the row's end is masked once, bench/NOTES.md v9, the
-// same-phase stage, v13, and the backward's class sums, v17) unless set otherwise for
-// measurements. Measured in v8 (call 6), when they spilled 100-470 bytes: at 1 (up to 255
-// registers, no spills) views ran slower. The backward's persistent
-// grid is sized by the aligned build whatever the layout (launch_backward_row), so the bits of dW
-// and dB do not depend on it.
-#ifndef POLYNORM_WIDE_REALIGN_MIN_BLOCKS
-#define POLYNORM_WIDE_REALIGN_MIN_BLOCKS 2
-#endif
-
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
-// (packs_held, launch_plan.h: kPacks times the tensors held): 2 (128 registers a thread) for
-// the wide builds (12 or more: 16 packs of PolyNorm's forward, 8 each of x and grad_y
-// backward, ...); POLYNORM_ROW_MIN_BLOCKS (80 registers) for the narrow forward (8 or 7).
-constexpr int row_min_blocks(int max_threads, int packs_held, bool realign) {
-  return max_threads != 256              ? 1
-         : packs_held >= kRowWidePacks ? (realign ? POLYNORM_WIDE_REALIGN_MIN_BLOCKS : 2)
-                                       : POLYNORM_ROW_MIN_BLOCKS;
+// (launch_plan.h, packs_held): 2 (128 registers a thread) for the wide builds, whose realigning
+// builds then spill 0-88 bytes by dtype and op (at 1 block, up to 255 registers and no spill,
+// views ran slower, h200-2026-12-01b); 3 (80 registers) for the narrow ones (PolyNorm's 2-byte
+// odd rows, the fused forward's 4-pack rows). Blocks of 1024 threads: 1 (64 registers).
+constexpr int row_min_blocks(int max_threads, int packs_held, [[maybe_unused]] bool realign) {
+  return max_threads != 256 ? 1 : packs_held >= kRowWidePacks ? 2 : 3;
 }
-
-// A bench's A/B (_tune_rows(forward_regs); launch_plan.h, RowTuning): PolyNorm's aligned forward of the wide build
-// (16 packs a thread) capped at `regs` registers a thread rather than row_min_blocks' 128 (127 for fp32), so that
-// more CTAs of 128 fit an SM (65536 registers: 4 at 128, 5 at 96, 6 at 80; 3 CTAs of 256 at 80). The cap is given
-// to ptxas as launch bounds of 2 blocks of row_cap_threads(regs) threads: 65536 registers over their warps, in
-// units of 256 a warp, is 96 a thread for 320 threads and 80 for 384 (not every cap comes out exactly: 104 would
-// give 112, hence the asserts). Blocks of up to 256 threads launch it.
-constexpr int row_cap_threads(int regs) { return 65536 / (2 * regs) / 32 * 32; }
-constexpr int row_cap_regs(int threads) { return 65536 / (2 * threads / 32) / 256 * 256 / 32; }
-static_assert(row_cap_regs(row_cap_threads(96)) == 96 && row_cap_regs(row_cap_threads(80)) == 80,
-              "the launch bounds of the capped builds give ptxas exactly their cap");
 
 }  // namespace
 }  // namespace polynorm

@@ -3,9 +3,9 @@
 // (mul_backward) and rounds each parameter's gradient to its dtype. One kernel for every
 // device (it dispatches to the CPU or CUDA op below it). In C++ rather than
 // torch.library.register_autograd because the Python wrapper costs tens of microseconds of
-// host time a call, as long as the CUDA backward itself at mid sizes (bench/NOTES.md). The double backward stays
-// refused by polynorm/ops.py, which gives polynorm::backward and mul_backward autograd
-// kernels that raise.
+// host time a call, as long as the CUDA backward itself at mid sizes (bench/results/h200-2026-11-30).
+// The double backward stays refused by polynorm/ops.py, which gives polynorm::backward and
+// mul_backward autograd kernels that raise.
 #include "polynorm.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
