@@ -13,7 +13,7 @@
 #   profile      bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
 #   ncu          an Nsight Compute profile of the CUDA kernels at H = 5125 (NCU_H), ~1 min
 #   train        the main job, python3 -m polynorm (default GPU preset), ~5 min
-#   suite        the whole test suite, 16 pytest-xdist workers on the one GPU, with --durations=15
+#   suite        the whole test suite, pytest-xdist workers sized from the GPU's free memory, --durations=15
 #   dist         the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
 #   bench        bench/bench.py --quick (JSON, PNGs, summary), ~1 min
 #   sweep        bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
@@ -70,9 +70,13 @@ for stage in "${stages[@]}"; do
       # one H200 at 16 workers; in plain order the run took over 430 s). SIGINT at the limit:
       # pytest still prints its summary. Verbose: each test's outcome and name as it finishes,
       # so a failure is named even when a hung xdist teardown loses the summary.
-      /usr/bin/time -f "suite wall %e s" timeout -s INT "${SUITE_TIMEOUT:-320}" python3 -m pytest tests/test_pt2.py \
+      # Workers sized from the card's free memory: the heaviest worker holds up to 9 GiB, so an
+      # 80 GB card runs 8 and a 141 GB one 15 (16 workers ran out of memory on an H100 80 GB).
+      workers=$(python3 -c "import torch; f, _ = torch.cuda.mem_get_info(); print(max(1, min(16, int(f / 2**30 // 9))))")
+      echo "suite: $workers workers"
+      /usr/bin/time -f "suite wall %e s" timeout -s INT "${SUITE_TIMEOUT:-540}" python3 -m pytest tests/test_pt2.py \
         tests/test_grouped.py tests/test_training.py tests -v -ra -p no:cacheprovider \
-        -n 16 --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
+        -n "$workers" --dist loadgroup --durations=15 > "$OUT/tests.log" 2>&1; echo "pytest rc=$?"
       grep -E "\] (FAILED|ERROR) |^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
     dist)
       # The suite's test_distributed.py runs these too; here each one's output is kept.
