@@ -65,6 +65,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -131,6 +132,10 @@ def format_row(op: str, dtype: str, shape: Shape, floors: tuple[float, float], f
 
 
 def git_commit(path: str) -> str:
+    """The tree's git short hash; for a copy without .git, the first line of a COMMIT file at its root."""
+    stamp = Path(path).resolve().parent / "COMMIT"
+    if stamp.is_file():
+        return stamp.read_text().split()[0]
     try:
         done = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=10)  # fmt: skip
