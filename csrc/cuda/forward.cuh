@@ -140,9 +140,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       // the realigning build): 16-byte packs under one branch, issued back to back, not load_pack's
       // per-pack branch to an element-wise path, which spread the 8 loads over ~1300 instructions
       // (the same bits). The element-wise path stays, written first (the `if` branch), so that
-      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). The fused
-      // forward at 2048 x 1024 / 2048 / 4096: 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer
-      // instructions (bench/results/h200-2026-12-03e).
+      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py).
       if (!mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {
