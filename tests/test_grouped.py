@@ -1123,7 +1123,7 @@ def test_readme_grouped_block_runs_as_pasted(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# bench/grouped_timing.py (issue 15, Part 2's benchmark), as a smoke test
+# bench/grouped_timing.py (the grouped op's benchmark), as a smoke test
 # ---------------------------------------------------------------------------------------
 
 
