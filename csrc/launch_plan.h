@@ -35,7 +35,7 @@
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: bf16 5125 forward takes 96, 16387 takes 288); blocks of 128 / G rows
 //   when G < 128. Rows of clusters: row_plan. Clusters of 16 CTAs are not portable: a device that
-//   cannot place one runs that row on the tiled kernels (csrc/cuda/launch_common.h, clusters_fit).
+//   cannot place one runs that row on the tiled kernels (csrc/cuda/launch_common.cuh, clusters_fit).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads (bf16: forward
 //   H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward 1024
 //   threads, 65536), the tiled kernels beyond.
@@ -322,7 +322,7 @@ inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int pa
 }
 
 // The fused backward's odd rows (2- and 4-byte dtypes) hold only their whole packs in slots, and the
-// 2 to kVec - 1 elements past them on the row's last lane (its tail: packs.cuh row_tail; the tail
+// 2 to kVec - 1 elements past them on the row's last lane (its tail: row_lanes.cuh row_tail; the tail
 // builds), where that takes fewer lanes than the slot_packs plan, and still whole warps on CTAs of
 // at most 256 threads: bf16 5125 (640 packs and 5 elements) takes one CTA of 160 threads, not two
 // of 96 (1.126 of an add plus a copy against 1.198, h200-tail-rows). Rows one element past whole
@@ -357,8 +357,8 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
 
 // ---- The row kernel a launch takes --------------------------------------------------------------
 
-// The row kernels' builds: their kLayout / kBuild template argument (packs.cuh RowLayout, the same
-// values: csrc/cuda/launch_common.h checks them). The first four are also the rows' layouts as the
+// The row kernels' builds: their kLayout / kBuild template argument (row_lanes.cuh RowLayout, the same
+// values: csrc/cuda/launch_common.cuh checks them). The first four are also the rows' layouts as the
 // launcher finds them: aligned (every row 16-byte aligned, H whole packs); same-phase (rows that
 // start alike in every tensor: odd H in contiguous tensors); realigned (rows that do not: one phase
 // a row); pack-realigned (a misaligned view of whole packs beside aligned outputs).
@@ -375,7 +375,7 @@ struct RowKernel {
   int max_threads;   // kMaxThreads: 256, or 1024 (the narrow 8-pack forward's CTAs past 256 threads)
   bool mul;          // kMul
   bool grouped;      // kGrouped
-  bool whole_warps;  // kWholeWarps: rows of 32 lanes or more (packs.cuh row_lane), or every row
+  bool whole_warps;  // kWholeWarps: rows of 32 lanes or more (row_lanes.cuh row_lane), or every row
 };
 constexpr bool operator==(const RowKernel& a, const RowKernel& b) {
   return a.packs == b.packs && a.build == b.build && a.max_threads == b.max_threads && a.mul == b.mul &&

@@ -589,7 +589,7 @@ _FWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tenso
 _BWD_SCHEMA = (
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
 )
-# The schemas of the C++ ops polynorm::mul_forward and mul_backward (csrc/polynorm.cpp).
+# The schemas of the C++ ops polynorm::mul_forward and mul_backward (csrc/ops.cpp).
 _MUL_FWD_SCHEMA = "(Tensor x, Tensor mul, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor out, Tensor rstd)"
 _MUL_BWD_SCHEMA = (
     "(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor rstd) -> "
@@ -894,7 +894,7 @@ def _launch_eager(kernel, grid: int, args: tuple, num_warps: int, key: tuple) ->
 # The one-launch backward's arrival counters and partials (eager calls only)
 # ----------------------------------------------------------------------------------------
 
-# Arrival counters, as the CUDA backward's (csrc/cuda/launch.cuh, arrival_counter): int32
+# Arrival counters, as the CUDA backward's (csrc/cuda/launch_backward.cuh, arrival_counter): int32
 # slots of one zeroed buffer a device, each 0 between launches (the last program resets its
 # own). Two launches must never run on one counter, or on one partials buffer, at the same
 # time:

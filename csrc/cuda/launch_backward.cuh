@@ -131,7 +131,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   // Misaligned rows of whole packs beside aligned outputs (grad_x and grad_mul are new tensors, so
   // every such row) take the pack-realigned build: the inputs realigned to packs, summed as the
-  // aligned build sums them (packs.cuh, RowLayout). Other misaligned rows: same-phase or realigned.
+  // aligned build sums them (row_lanes.cuh, RowLayout). Other misaligned rows: same-phase or realigned.
   const bool to_packs = dx_vec_ok && (!kMul || mul.grad_vec_ok);
   const RowBuild layout = !realign    ? RowBuild::kAligned
                           : same_phase ? RowBuild::kSamePhase

@@ -54,7 +54,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const auto kernel_of = [&](RowBuild l) {
     return fwd_row_kernel<scalar_t, kMul>(row_kernel_for(false, kMul, grouped, lp, l));
   };
-  // Dynamic shared memory: the same-phase and realigned builds' stage areas (packs.cuh, stage_row:
+  // Dynamic shared memory: the same-phase and realigned builds' stage areas (row_phase.cuh, stage_row:
   // one a warp), then the cluster slots.
   const auto smem_of = [&](RowBuild l) {
     const bool staged = l == RowBuild::kSamePhase || l == RowBuild::kRealigned;

@@ -86,8 +86,8 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// A row grid's staggered start (launch.cuh, row_stagger; not the grouped builds): the grid's first
-// `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
+// A row grid's staggered start (launch_common.cuh, row_stagger; not the grouped builds): the grid's
+// first `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
 // q * cycles clock cycles before its first row, so that the blocks an SM holds, and the clusters of
 // the grid, do not load and compute in step. A persistent grid staggers every cluster; a grid of
 // a block per R rows the blocks resident at its start, and its later blocks start as others leave.
@@ -256,7 +256,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
 // Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
 // sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials
 // (finish_param_grads); or, for a row launch with `apart`, a kernel of its own does, launched
-// right after it (param_sum_kernel; launch.cuh, launch_backward_row says when).
+// right after it (param_sum_kernel; launch_backward.cuh, launch_backward_row says when).
 template <typename acc_t>
 struct ParamGrads {
   acc_t* partials;          // [the backward grid's blocks, 4] opmath: one block's sums each

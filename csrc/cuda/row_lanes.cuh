@@ -375,7 +375,7 @@ constexpr int build_layout(int build) {
 }
 constexpr bool wide_tail_build(int build) { return build == kSamePhaseTail || build == kRealignedTail; }
 
-// Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
+// Whether a row build serves rows of fewer than 32 lanes only (launch_plan.h, row_kernel_for): a
 // realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
 // row). Such rows are one warp segment of one CTA: no cross-warp sum, no cluster.
 constexpr bool short_rows(int layout, bool whole_warps, bool grouped) {
