@@ -34,7 +34,7 @@ sys.path.insert(0, ROOT)  # this tree's polynorm (an in-place build) before an i
 OPS = ("forward", "backward", "mul_forward", "mul_backward", "grouped_forward", "grouped_backward")
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 LAYOUTS = ("aligned", "pack-realigned", "same-phase", "realigned")
-# packs.cuh's RowLayout, as the row kernels' third template argument prints in a demangled name.
+# row_lanes.cuh's RowLayout, as the row kernels' third template argument prints in a demangled name.
 ROW_BUILDS = ("kAligned", "kRealigned", "kSamePhase", "kPackRealigned", "kAlignedStaged", "kSamePhaseTail",
               "kRealignedTail")
 # Kernels beside the plan's: the backward's dW / dB sum apart (reduce.cuh, param_sum_kernel) and

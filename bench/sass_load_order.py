@@ -3,11 +3,10 @@ first instruction that waits for one (CPU only: no GPU needed).
 
 A row kernel holds its row in registers: it issues all of a row's 16-byte loads (LDG.E.128), then
 waits for them and computes. Where ptxas sinks one of those loads below an instruction that
-waits on the earlier ones, every row costs a second memory round trip: a change to the backward's
-last-block sum (code that never runs on the row path) once moved the row loop's last grad_y load
-below the first math in the bf16 and fp16 backward kernels, and PolyNorm's backward ran 5-25%
-slower everywhere, with the same registers and no spill reported by ptxas
-(bench/results/h200-2026-12-03).
+waits on the earlier ones, every row costs a second memory round trip, with the same registers
+and no spill reported by ptxas. Code that never runs on the row path can cause it: more live
+registers in the backward's inlined last-block sum (reduce.cuh, finish_param_grads) can move the
+row loop's last grad_y load below the first math of the bf16 and fp16 backward kernels.
 
 For every non-grouped row kernel of the sm_90 code (ARCH; ``poly_norm_fwd_row_kernel`` and
 ``poly_norm_bwd_row_kernel`` of every layout: aligned, realigned, same-phase, pack-realigned, as a

@@ -2,8 +2,8 @@
 // mul), the parameters and the rstd cache; the backward calls polynorm::backward
 // (mul_backward) and rounds each parameter's gradient to its dtype. One kernel for every
 // device (it dispatches to the CPU or CUDA op below it). In C++ rather than
-// torch.library.register_autograd because the Python wrapper costs tens of microseconds of
-// host time a call, as long as the CUDA backward itself at mid sizes (bench/results/h200-2026-11-30).
+// torch.library.register_autograd because the Python wrapper adds host time to every call, as
+// much as the CUDA backward itself takes at mid sizes (bench/host_overhead.py measures it).
 // The double backward stays refused by polynorm/ops.py, which gives polynorm::backward and
 // mul_backward autograd kernels that raise.
 #include "polynorm.h"

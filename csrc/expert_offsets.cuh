@@ -51,9 +51,7 @@ __device__ __forceinline__ int64_t expert_of(const ExpertOffsets& o, int64_t row
 // rows of 32 threads or more): lane l reads offsets[k + l] for k = 0, 32, ... and the expert is
 // the number of offsets <= row, which for nondecreasing offsets is expert_of's first e with
 // offsets[e] > row (at most ceil(E / 32) reads a lane, independent, and fewer once a round finds
-// an offset past the row, against log2(E) dependent ones; always in [0, E]). At M = 2048, H =
-// 4096, E = 64 the grouped forward takes 1.25 of a copy against 1.33 with the binary search, and
-// the backward 1.38 of an add against 1.51 (bench/results/h200-2026-12-01f).
+// an offset past the row, against log2(E) dependent ones; always in [0, E]).
 __device__ __forceinline__ int64_t expert_of_warp(const ExpertOffsets& o, int64_t row) {
   const unsigned lane = threadIdx.x & 31u;
   const unsigned E = static_cast<unsigned>(o.E);  // < 2^31: the launchers check it

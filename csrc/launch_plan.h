@@ -9,24 +9,24 @@
 //   op           | rows (bf16)       | kernel                          | why
 //   -------------+-------------------+---------------------------------+------------------------------------
 //   forward      | H <= 32768        | row, one CTA (<= 256 threads),  | the row in registers (16 packs of x
-//                |                   | a block per 128 / G rows        | a thread), read once: 1.05-1.07 of a
-//                |                   |                                 | copy (h200-2026-12-01b)
+//                |                   | a block per 128 / G rows        | a thread), read once: 1.05-1.06 of a
+//                |                   |                                 | copy at 2048-16384 (h200-row-packs)
 //                | <= 524288         | row, a cluster of 2-16 CTAs of  | split past 256 threads over
 //                |                   | <= 128 threads (or of 256),     | distributed shared memory: 131072
-//                |                   | persistent                      | 1.18 on 8 x 128 (h200-2026-12-02c)
+//                |                   | persistent                      | 1.18 on 8 x 128 (h200-cluster-ctas)
 //                | beyond            | tiled                           | past 16 x 256 threads
 //   forward, odd | H <= 32769        | row, narrow: 8 (or 7) packs,    | odd rows are realigned: 1.37 of a
-//   H, 2-byte    |                   | one CTA (<= 512 threads)        | copy at 8 packs, 1.66 at 16 (5125,
-//                | <= 524289         | a cluster of CTAs of 128 or 512 | h200-2026-12-01d)
+//   H, 2-byte    |                   | one CTA (<= 512 threads)        | copy at 8 packs, 1.63 at 16 (5125,
+//                | <= 524289         | a cluster of CTAs of 128 or 512 | h200-narrow-forward)
 //   backward     | H <= 16384        | row, one CTA (<= 256 threads),  | x and grad_y in registers (8 packs
 //                |                   | persistent, or 2 CTAs of <= 128 | each): 1.10-1.13 of an add
-//                |                   | where they hold no more threads | (h200-2026-12-01b)
-//                | <= 262144         | a cluster of 2-16 CTAs of 128   | 65536: 1.14 on 8 x 128
-//                |                   | (up to 8), else of 256          | (h200-2026-12-02c)
+//                |                   | where they hold no more threads | at 2048-8192 (h200-row-packs)
+//                | <= 262144         | a cluster of 2-16 CTAs of 128   | 65536: 1.13 on 8 x 128
+//                |                   | (up to 8), else of 256          | (h200-cluster-ctas)
 //                | beyond            | tiled                           |
 //   mul_forward  | H <= 16384        | as forward, 8 packs each of x   | two CTAs of 128 past 128 threads:
 //                | <= 262144, beyond | and mul; 4 for rows of whole    | 16384 1.06 of an add, 1.09 on one
-//                |                   | packs a quarter idle at 8       | of 256 (h200-2026-12-03b)
+//                |                   | packs a quarter idle at 8       | of 256 (h200-pack-counts)
 //   mul_backward | H <= 8192         | as backward, 4 packs each of x, | rows of clusters on CTAs of 256
 //                | <= 131072, beyond | grad_out and mul; odd rows on   | staged a row ahead (row_staged);
 //                |                   | fewer lanes with a wide tail    | odd rows' tail (row_tail_plan)
@@ -35,7 +35,7 @@
 // - Row kernels, one CTA: G threads a row, the fewest that cover it (a power of two up to 32,
 //   then a multiple of 32: bf16 5125 forward takes 96, 16387 takes 288); blocks of 128 / G rows
 //   when G < 128. Rows of clusters: row_plan. Clusters of 16 CTAs are not portable: a device that
-//   cannot place one runs that row on the tiled kernels (csrc/cuda/launch_common.h, clusters_fit).
+//   cannot place one runs that row on the tiled kernels (csrc/cuda/launch_common.cuh, clusters_fit).
 // - Devices without clusters (before sm_90): one CTA a row up to 256 threads (bf16: forward
 //   H <= 32768, backward and mul_forward 16384, mul_backward 8192; the narrow forward 1024
 //   threads, 65536), the tiled kernels beyond.
@@ -54,9 +54,10 @@ namespace polynorm {
 // Row kernels: a row held in registers by G threads, kPacks 16-byte packs a thread and tensor.
 // The wide builds hold 16 packs a thread (PolyNorm's forward 16 of x, its backward 8 each of x
 // and grad_y, the fused forward 8 each of x and mul, its backward 4 each of three tensors) at
-// up to 128 registers in CTAs of at most 256 threads: forward 1.05-1.07 of a copy at 2048-16384
-// against 1.07-1.13 at 8 packs (h200-2026-12-01b). The narrow builds (row_packs) hold half as
-// many at up to 80 registers, in CTAs of up to 512 threads (1024 without clusters).
+// up to 128 registers in CTAs of at most 256 threads: forward 1.05-1.06 of a copy at 2048-16384
+// against 1.07-1.17 at 8 packs (h200-row-packs/tune_bf16.log: f16w0, f8w0). The narrow builds
+// (row_packs) hold half as many at up to 80 registers, in CTAs of up to 512 threads (1024 without
+// clusters).
 constexpr int kRowFwdPacks = 16;     // wide: 256 bytes of x a thread
 constexpr int kRowBwdPacks = 8;      // wide: 128 bytes each of x and grad_y
 constexpr int kRowMulFwdPacks = 8;   // wide: x and mul
@@ -85,11 +86,12 @@ inline bool whole_packs(int64_t H, int elem_size) { return (H * elem_size) % 16 
 // forward's split or kRowBwdSmallSplit (backward; the fused forward kRowMulFwdSmallSplit) takes
 // the fewest CTAs of kRowSmallCtaThreads that hold it, up to kRowFwdSmallCluster (forward) or
 // kRowBwdSmallCluster (backward), where they hold no more threads than the other plan: the
-// forward at 131072 1.27 -> 1.18 of a copy on 8 x 128 (h200-2026-12-02c). PolyNorm's forward keeps one CTA up to 256 threads (32768: 1.116 on one of
-// 256, 1.125 on two of 128, h200-2026-12-03b); the fused forward splits past 128 (16384: 1.064
-// on two of 128 against 1.092, h200-2026-12-03b). Clusters of more than kRowPortableCluster are
-// not portable (clusters_fit); against the tiled kernels they win (backward 262144: 1.47 of an
-// add against 1.83, h200-2026-12-02b).
+// forward at 131072 1.27 -> 1.18 of a copy on 8 x 128 (h200-cluster-ctas). PolyNorm's forward
+// keeps one CTA up to 256 threads (32768: 1.116 on one of 256, 1.125 on two of 128,
+// h200-pack-counts/tune_long.log); the fused forward splits past 128 (16384: 1.064 on two of 128
+// against 1.092, the same file). Clusters of more than kRowPortableCluster are not portable
+// (clusters_fit); against the tiled kernels they win (backward 262144: 1.47 of an add against
+// 1.83, h200-clusters-of-16/tune_tx.log).
 constexpr int kRowFwdSplit = 512;
 constexpr int kRowBwdSplit = 256;
 constexpr int kRowBwdSmallSplit = 128;
@@ -105,19 +107,20 @@ constexpr int kRowPortableCluster = 8;
 // kRowStaggerCycles apart (reduce.cuh, stagger_start) when its clusters take at least
 // kRowStaggerRounds rounds of rows: started together, its blocks load and compute in step and
 // the memory pipe idles while they compute (the forward at 131072: 1.200 -> 1.153 of a copy,
-// h200-2026-12-02e). At about 4 rounds it was mixed: hence the rounds. The delay moves no bit,
-// only when a block starts. The grouped builds are never staggered.
+// h200-persistent-stagger). Over fewer rounds it gains at some H and loses at others (the same
+// file at M·H = 2^24): hence the rounds. The delay moves no bit, only when a block starts. The
+// grouped builds are never staggered.
 constexpr int kRowStaggerCycles = 1500;
 constexpr int64_t kRowStaggerRounds = 8;
 inline int row_stagger_cycles(int64_t rounds) { return rounds >= kRowStaggerRounds ? kRowStaggerCycles : 0; }
 
 // A grid of a block per R rows staggers its first wave (the blocks resident at its start) in four
-// quarters kRowWaveStaggerCycles apart when it holds more than one wave: the fused forward at 4096
-// 1.057 -> 1.029 of an add (h200-2026-12-03). A grid of one wave or less starts whole (PolyNorm's
-// forward at 4096, 0.97 waves: 1.131 unstaggered, 1.161-1.227 staggered, h200-2026-12-03c). From
-// kRowWaveStaggerWaves waves, the forward's blocks of more than kRowMinThreads threads (one CTA of
-// 256: bf16 16385-32768) wait kRowWideWaveStaggerCycles (32768: 1.109 at 750, 1.083 at 3000,
-// h200-2026-12-03b).
+// quarters kRowWaveStaggerCycles apart when it holds more than one wave: the fused forward at
+// 2048 x 4096 1.325 -> 1.140 of an add (h200-wave-stagger). A grid of one wave or less starts
+// whole: no later wave's blocks wait behind it, so a delay there only makes the launch longer.
+// From kRowWaveStaggerWaves waves, the forward's blocks of more than kRowMinThreads threads (one
+// CTA of 256: bf16 16385-32768) wait kRowWideWaveStaggerCycles (32768: 1.109 at 750, 1.083 at
+// 3000, h200-pack-counts/tune_long.log).
 constexpr int kRowWaveStaggerCycles = 750;
 constexpr int kRowWideWaveStaggerCycles = 3000;
 constexpr int64_t kRowWaveStaggerWaves = 2;
@@ -140,14 +143,14 @@ static_assert(row_wave_stagger_cycles(528, 528, 128, false) == 0 &&
 // (param_sum_kernel, on sm_90 a programmatic dependent launch), not by the row kernel's last
 // block, which needs every block to fence after its last stores; PolyNorm's one-CTA rows of whole
 // packs that fill every lane's slots then take a block per R rows. At 2^26, bf16 4096: 1.112 ->
-// 1.092 of an add (h200-2026-12-02f). Fewer rounds keep the last block's sum: one launch.
+// 1.092 of an add (h200-param-sums). Fewer rounds keep the last block's sum: one launch.
 constexpr int64_t kRowSumApartRounds = 4;
 inline bool row_sum_apart(int64_t rounds) { return rounds >= kRowSumApartRounds; }
 
 // Rows of clusters: the launch's cluster scheduling policy preference (cudaClusterSchedulingPolicy:
 // 0 the default, 2 load balancing). Load balancing lets CTAs of one cluster share an SM: an H200
 // holds 15 clusters of 16 x 256 threads with it, 14 without. Clusters of 16 take it (the forward at
-// 262144: 1.269 -> 1.201 of a copy, h200-2026-12-04b); clusters of 8 keep the default, where it
+// 262144: 1.269 -> 1.201 of a copy, h200-cluster-policy); clusters of 8 keep the default, where it
 // was slower (the forward at 131072: 1.153 -> 1.284).
 constexpr int kRowClusterLoadBalancing = 2;
 inline int row_cluster_policy(int cluster) { return cluster > kRowPortableCluster ? kRowClusterLoadBalancing : 0; }
@@ -158,11 +161,11 @@ inline int row_cluster_policy(int cluster) { return cluster > kRowPortableCluste
 // `classes`: each tensor's phase class, equal for tensors whose rows share every row's phase, in
 // the order x, y (and mul) forward; x, grad_y, grad_x (and mul, grad_mul) backward. Returns the
 // index of the tensor whose phase the rows take:
-// - forward: y's for PolyNorm (x realigned in: 4-6% faster than y out, h200-2026-12-04); the
+// - forward: y's for PolyNorm (x realigned in, an input, costs less than y realigned out); the
 //   fused op, y's where mul's rows share y's phase and not x's (one input in), else x's.
 // - backward: the least cost, an input in counting 4 and an output out 7, the first of x,
-//   grad_y, grad_x on a tie (PolyNorm with x and grad_y moved: 5-7% slower with both in than
-//   with grad_x out, h200-2026-12-04).
+//   grad_y, grad_x on a tie (PolyNorm with x and grad_y moved: grad_x out, 7, rather than both
+//   in, 8).
 constexpr int kPhaseInCost = 4, kPhaseOutCost = 7;
 inline int realign_phase(bool backward, bool mul, const int* classes) {
   if (!backward) {
@@ -244,7 +247,7 @@ inline RowPlan row_plan_one_tier(int64_t need, int split, int cta_threads, int m
 }
 // A row's plan in two tiers: past `small_split` threads, the fewest CTAs (2 to small_cluster) of at
 // most kRowSmallCtaThreads where they hold no more threads than the one-tier plan (bf16 backward
-// 9000: one CTA of 160, not two of 96: 1.16 of an add against 1.35, h200-2026-12-02c).
+// 9000: one CTA of 160 threads, not two of 96, which hold 32 threads more).
 // `whole_slots`: the row's whole packs in slots, the rest apart (row_tail_plan), not slot_packs.
 inline RowPlan row_plan(int64_t H, int elem_size, int packs_per_thread, int split, int cta_threads, int max_cluster,
                         int max_threads, int small_split, int small_cluster, bool whole_slots = false) {
@@ -279,16 +282,17 @@ inline RowPlan row_plan_for(bool backward, bool mul, int64_t H, int elem_size, i
 // - Rows not of whole packs hold at most 64 elements a thread (4 x the element size in packs):
 //   PolyNorm's forward of 2-byte odd rows takes the narrow build (8 packs). Its realigned sums
 //   and the idle slots of its rounded G cost issue slots that 16 packs of 8 elements cannot spare
-//   (bf16 5125: 1.37 of a copy at 8 packs, 1.66 at 16, h200-2026-12-01d); every other op and dtype
-//   holds 64 elements or fewer a thread at the wide count, and is faster wide.
+//   (bf16 5125: 1.37 of a copy at 8 packs, 1.63 at 16, h200-narrow-forward); every other op and
+//   dtype holds 64 elements or fewer a thread at the wide count, and is faster wide.
 // - Odd rows of more than a warp take one pack fewer where that covers their slot packs with fewer
 //   slots on at most 256 threads (every op but the fused backward, whose 3 packs of three tensors
 //   would not be a wide build): bf16 5125 (641 slot packs) on 96 threads holds 768 slots at 8, its
-//   last warp half idle, 672 at 7 (PolyNorm's backward 1.56 -> 1.43 of an add, h200-2026-12-02b).
+//   last warp half idle, 672 at 7 (PolyNorm's backward 1.56 -> 1.43 of an add,
+//   h200-clusters-of-16/tune_trim.log).
 // - The fused forward's rows of whole packs, of more than a warp, that leave more than a quarter of
 //   their slots idle at 8 packs take 4 (a narrow build) where that takes fewer slots on at most
 //   kRowMinThreads threads: bf16 3000 (375 packs) on 64 lanes of 8 holds 512 slots, on 96 of 4 384
-//   (1.106 -> 1.038 of an add, h200-2026-12-03b).
+//   (1.106 -> 1.038 of an add, h200-pack-counts/exp_packs.log).
 inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
   const int wide = row_wide_packs(backward, mul);
   if (whole_packs(H, elem_size)) {
@@ -309,7 +313,7 @@ inline int row_packs(bool backward, bool mul, int64_t H, int elem_size) {
 // whose every slot is in the row stage their packs a row ahead (backward.cuh, kAlignedStaged): each
 // thread copies its packs into its own shared-memory stage (cp.async, 48 KB a CTA) and issues the
 // next row's copies as soon as this row's are in registers. The same packs and sums: the same bits.
-// bf16 131072 (16 x 256): 1.107 of an add plus a copy staged, 1.257 not (h200-2026-12-04d).
+// bf16 131072 (16 x 256): 1.107 of an add plus a copy staged, 1.257 not (h200-staged-rows).
 // Not PolyNorm's backward (two tensors of 8 packs, 64 KB a CTA: slower staged there).
 constexpr int kRowStageThreads = 256;
 inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int packs, const RowPlan& row) {
@@ -318,10 +322,10 @@ inline bool row_staged(bool backward, bool mul, int64_t H, int elem_size, int pa
 }
 
 // The fused backward's odd rows (2- and 4-byte dtypes) hold only their whole packs in slots, and the
-// 2 to kVec - 1 elements past them on the row's last lane (its tail: packs.cuh row_tail; the tail
+// 2 to kVec - 1 elements past them on the row's last lane (its tail: row_lanes.cuh row_tail; the tail
 // builds), where that takes fewer lanes than the slot_packs plan, and still whole warps on CTAs of
 // at most 256 threads: bf16 5125 (640 packs and 5 elements) takes one CTA of 160 threads, not two
-// of 96 (1.126 of an add plus a copy against 1.198, h200-2026-12-04e). Rows one element past whole
+// of 96 (1.126 of an add plus a copy against 1.198, h200-tail-rows). Rows one element past whole
 // packs keep their plan. Returns the tail's elements, 0 where the rule does not serve; `row` then
 // becomes the tail plan. Other ops keep slot_packs' plans: they have no tail builds.
 inline int row_tail_plan(bool backward, bool mul, int64_t H, int elem_size, int packs, bool clusters, RowPlan& row) {
@@ -353,8 +357,8 @@ inline LaunchPlan plan_launch(bool backward, bool mul, int64_t H, int elem_size,
 
 // ---- The row kernel a launch takes --------------------------------------------------------------
 
-// The row kernels' builds: their kLayout / kBuild template argument (packs.cuh RowLayout, the same
-// values: csrc/cuda/launch_common.h checks them). The first four are also the rows' layouts as the
+// The row kernels' builds: their kLayout / kBuild template argument (row_lanes.cuh RowLayout, the same
+// values: csrc/cuda/launch_common.cuh checks them). The first four are also the rows' layouts as the
 // launcher finds them: aligned (every row 16-byte aligned, H whole packs); same-phase (rows that
 // start alike in every tensor: odd H in contiguous tensors); realigned (rows that do not: one phase
 // a row); pack-realigned (a misaligned view of whole packs beside aligned outputs).
@@ -371,7 +375,7 @@ struct RowKernel {
   int max_threads;   // kMaxThreads: 256, or 1024 (the narrow 8-pack forward's CTAs past 256 threads)
   bool mul;          // kMul
   bool grouped;      // kGrouped
-  bool whole_warps;  // kWholeWarps: rows of 32 lanes or more (packs.cuh row_lane), or every row
+  bool whole_warps;  // kWholeWarps: rows of 32 lanes or more (row_lanes.cuh row_lane), or every row
 };
 constexpr bool operator==(const RowKernel& a, const RowKernel& b) {
   return a.packs == b.packs && a.build == b.build && a.max_threads == b.max_threads && a.mul == b.mul &&

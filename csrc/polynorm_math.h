@@ -1,7 +1,7 @@
 // PolyNorm's math (docs/MATH.md), written once for the CPU kernels (cpu_rows.h) and the CUDA
 // kernels (cuda/forward*.cuh, cuda/backward*.cuh). Each function is the expression every kernel
-// evaluates, in its order of operations; the Triton kernels' helpers follow the same equations in
-// the same order. The backends still differ in their bits: nvcc contracts a * b + c into one FMA
+// evaluates, in its order of operations; the Triton kernels' helpers (polynorm/triton_math.py)
+// have the same names and follow the same equations in the same order. The backends still differ in their bits: nvcc contracts a * b + c into one FMA
 // (-fmad=true, its default) where g++ for x86-64 has no FMA to contract into, and each backend
 // sums a row in its own order.
 //

@@ -125,8 +125,7 @@ PRESETS = {
     "cpu": TrainConfig(threads=1),
     # ~43 M parameters (6 x 768, T = 512), 4096 tokens a step, 200 steps. Batch 8, not 16: every
     # row runs a forward and backward per step twice (lock-step, then its own free-running
-    # run), which at batch 16 would take ~9 minutes on an H200 with five rows (from the
-    # tokens/s of bench/results/h200-2026-11-29-v4/train); at batch 8, ~4.5 minutes.
+    # run), so batch 8 halves the five rows' time on a GPU.
     # 16 validation batches: 128 sequences for the free-running spread.
     "gpu": TrainConfig(
         n_layer=6, hidden_size=768, n_head=12, seq_len=512, batch_size=8, steps=200, lr=1e-3, warmup_steps=50,

@@ -144,7 +144,7 @@ def _require(cond, message, traced: bool) -> None:
         torch._check(cond, message)
 
 
-# The checks below are those of csrc/polynorm.cpp, with its messages, in its order: x, then
+# The checks below are those of csrc/ops.cpp, with its messages, in its order: x, then
 # the parameters, then the tensors that must be like x (grad_y / grad_out, mul), then rstd. Each
 # names the op and the argument, with the expected and the actual value.
 
@@ -401,7 +401,7 @@ def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | N
 def refuse_double_backward(backward_op) -> None:
     """Gives ``backward_op`` an autograd kernel that raises: differentiating PolyNorm's
     gradient (``create_graph=True``) would otherwise come out as zeros with only a warning.
-    (``polynorm::forward``'s own autograd is C++, ``csrc/polynorm_autograd.cpp``.)"""
+    (``polynorm::forward``'s own autograd is C++, ``csrc/autograd.cpp``.)"""
 
     def no_double_backward(ctx, *grads):
         raise RuntimeError(

@@ -67,7 +67,7 @@ def _mul_backward_fake(
 
 
 # polynorm::forward and mul_forward are differentiable through their C++ autograd kernels
-# (csrc/polynorm_autograd.cpp); their backward ops are not.
+# (csrc/autograd.cpp); their backward ops are not.
 refuse_double_backward(torch.ops.polynorm.backward.default)
 refuse_double_backward(torch.ops.polynorm.mul_backward.default)
 

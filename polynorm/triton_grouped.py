@@ -58,7 +58,7 @@ from polynorm.triton_kernels import (
 from polynorm.triton_math import (
     backward_coeffs,
     forward_coeffs,
-    grad_x,
+    grad_x_value,
     inv_h_of,
     poly_value,
     row_grad_sums,
@@ -219,7 +219,7 @@ def _poly_norm_grouped_bwd_kernel(
 
     c1, c2, c3, d1, d2, d3 = backward_coeffs(w0, w1, w2, r3, r2, r1, s1, s2, s3, inv_h)
     if ONE_BLOCK:
-        dx = tl.where(owned[:, None], grad_x(x, g, c1, c2, c3, d1, d2, d3), 0.0)
+        dx = tl.where(owned[:, None], grad_x_value(x, g, c1, c2, c3, d1, d2, d3), 0.0)
         out_mask = in_range[:, None] & (cols < H)[None, :]
         tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
     else:
@@ -228,7 +228,7 @@ def _poly_norm_grouped_bwd_kernel(
             mask = owned[:, None] & (c < H)[None, :]
             xc = _load_acc(x_rows, c, mask, ACC)
             gc = _load_acc(g_rows, c, mask, ACC)
-            dx = tl.where(owned[:, None], grad_x(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
+            dx = tl.where(owned[:, None], grad_x_value(xc, gc, c1, c2, c3, d1, d2, d3), 0.0)
             out_mask = in_range[:, None] & (c < H)[None, :]
             tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
 

@@ -72,7 +72,7 @@ from polynorm.triton_math import (
     add_row_sums,
     backward_coeffs,
     forward_coeffs,
-    grad_x,
+    grad_x_value,
     inv_h_of,
     poly_value,
     row_grad_sums,
@@ -338,7 +338,7 @@ def _poly_norm_bwd_kernel(
         if HAS_MUL:
             a1, a2, a3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
         if ONE_BLOCK:
-            dx = grad_x(x, g, c1, c2, c3, d1, d2, d3)
+            dx = grad_x_value(x, g, c1, c2, c3, d1, d2, d3)
             tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
             if HAS_MUL:
                 dmul = go * poly_value(x, a1, a2, a3, b)  # MATH.md (10)
@@ -349,7 +349,7 @@ def _poly_norm_bwd_kernel(
                 mask = row_mask[:, None] & (c < H)[None, :]
                 xc = _load_acc(x_rows, c, mask, ACC)
                 goc, gc = _load_grad(g_rows, mul_rows, c, mask, ACC, HAS_MUL)
-                dx = grad_x(xc, gc, c1, c2, c3, d1, d2, d3)
+                dx = grad_x_value(xc, gc, c1, c2, c3, d1, d2, d3)
                 tl.store(dx_rows[:, None] + c[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=mask)
                 if HAS_MUL:
                     dmul = goc * poly_value(xc, a1, a2, a3, b)
@@ -589,7 +589,7 @@ _FWD_SCHEMA = "(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> (Tenso
 _BWD_SCHEMA = (
     "(Tensor grad_y, Tensor x, Tensor weight, Tensor rstd) -> (Tensor grad_x, Tensor grad_weight, Tensor grad_bias)"
 )
-# The schemas of the C++ ops polynorm::mul_forward and mul_backward (csrc/polynorm.cpp).
+# The schemas of the C++ ops polynorm::mul_forward and mul_backward (csrc/ops.cpp).
 _MUL_FWD_SCHEMA = "(Tensor x, Tensor mul, Tensor weight, Tensor bias, float eps=1e-06) -> (Tensor out, Tensor rstd)"
 _MUL_BWD_SCHEMA = (
     "(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor rstd) -> "
@@ -894,7 +894,7 @@ def _launch_eager(kernel, grid: int, args: tuple, num_warps: int, key: tuple) ->
 # The one-launch backward's arrival counters and partials (eager calls only)
 # ----------------------------------------------------------------------------------------
 
-# Arrival counters, as the CUDA backward's (csrc/cuda/launch.cuh, arrival_counter): int32
+# Arrival counters, as the CUDA backward's (csrc/cuda/launch_backward.cuh, arrival_counter): int32
 # slots of one zeroed buffer a device, each 0 between launches (the last program resets its
 # own). Two launches must never run on one counter, or on one partials buffer, at the same
 # time:

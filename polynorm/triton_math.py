@@ -20,7 +20,7 @@ __all__ = [
     "add_row_sums",
     "backward_coeffs",
     "forward_coeffs",
-    "grad_x",
+    "grad_x_value",
     "inv_h_of",
     "poly_value",
     "row_grad_sums",
@@ -135,7 +135,7 @@ def backward_coeffs(w0, w1, w2, r3, r2, r1, s1, s2, s3, inv_h):
 
 
 @triton.jit
-def grad_x(x, g, c1, c2, c3, d1, d2, d3):
+def grad_x_value(x, g, c1, c2, c3, d1, d2, d3):
     # MATH.md (6): dx = g (c_1 + x (c_2 + x c_3)) - x (d_1 + x^2 (d_2 + x^2 d_3)), two Horner
     # forms of 2 FMAs each.
     x2 = x * x

@@ -95,10 +95,10 @@ def test_two_processes_on_cpu(mode):
 def test_sequence_parallel_triton_on_cpu():
     # The Triton ops' sharding rules (forward_triton, mul_forward_triton, grouped_forward_triton
     # and their backwards), their kernels run by Triton's interpreter on the CPU ranks. Where
-    # the suite's other interpreter cases run (no CUDA device: CI): on the H200 image, Triton
-    # 3.6's interpreter failed inside the backward kernel ("only 0-dimensional arrays can be
-    # converted to Python scalars", bench/results/h200-2026-11-30b/call4/tests.log), where
-    # Triton 3.8's runs it; on a GPU the two-GPU test below runs the same rules on the GPU.
+    # the suite's other interpreter cases run (no CUDA device: CI): Triton 3.6's interpreter
+    # fails inside the backward kernel ("only 0-dimensional arrays can be converted to Python
+    # scalars"), where Triton 3.8's runs it; on a GPU the two-GPU test below runs the same rules
+    # on the GPU.
     _check(torchrun("sp", "triton", _env(CUDA_VISIBLE_DEVICES="", TRITON_INTERPRET="1")), "sp", "cpu")
 
 

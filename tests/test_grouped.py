@@ -551,7 +551,7 @@ def test_backward_errors(device, fwd, bwd, name, make, message):
 
 
 # The Python checks (the fake kernels, the Triton ops) against the C++ ones: the same
-# messages (polynorm/_common.py keeps csrc/polynorm.cpp's words and order).
+# messages (polynorm/_common.py keeps csrc/ops.cpp's words and order).
 @pytest.mark.parametrize("name,make", [e[:2] for e in FORWARD_ERRORS], ids=[e[0] for e in FORWARD_ERRORS])
 def test_forward_python_checks_match_cpp(name, make):
     assert_python_checks_match_cpp(torch.ops.polynorm.grouped_forward, (*make(*_inputs("cpu")), EPS))
@@ -1123,7 +1123,7 @@ def test_readme_grouped_block_runs_as_pasted(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# bench/grouped_timing.py (issue 15, Part 2's benchmark), as a smoke test
+# bench/grouped_timing.py (the grouped op's benchmark), as a smoke test
 # ---------------------------------------------------------------------------------------
 
 

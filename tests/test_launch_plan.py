@@ -397,8 +397,8 @@ def test_bad_arguments_are_refused_by_name():
 
 
 # csrc/launch_plan.h, realign_phase: which tensor's phase a realigned row works in (classes:
-# tensors of one class share every row's phase). The rows measured (bench/results/h200-2026-12-04),
-# each with the choice that ran faster there.
+# tensors of one class share every row's phase). Each pattern with the choice that runs faster
+# on an H200, which the costs (an input realigned in 4, an output out 7) reproduce.
 @pytest.mark.parametrize(
     "op,classes,phase,why",
     [
@@ -555,11 +555,11 @@ def test_odd_rows_with_half_idle_warps_take_a_pack_fewer(dtype):
 
 def test_fused_forward_halves_the_packs_of_rows_a_quarter_idle():
     # bf16 H = 3000 (375 whole packs): 8 packs a thread on 64 lanes hold 512 slots, 27% idle; 4 on
-    # 96 lanes hold 384 (launch_plan.h, row_packs; bench/results/h200-2026-12-03b). fp32 1500 and bf16 2304 alike;
-    # 3072 (384 packs: a quarter idle at 8, not more), the powers of two, rows of a warp or less
-    # (bf16 H = 8: 1 pack) and rows that 4 packs would spread over more than 128 lanes (bf16 4200:
-    # 160) keep 8, odd 3001 its
-    # pack fewer; the other ops keep their counts. (packs, G.)
+    # 96 lanes hold 384 (launch_plan.h, row_packs; bench/results/h200-pack-counts/exp_packs.log).
+    # fp32 1500 and bf16 2304 alike; 3072 (384 packs: a quarter idle at 8, not more), the powers
+    # of two, rows of a warp or less (bf16 H = 8: 1 pack) and rows that 4 packs would spread over
+    # more than 128 lanes (bf16 4200: 160) keep 8, odd 3001 its pack fewer; the other ops keep
+    # their counts. (packs, G.)
     expected = {(torch.bfloat16, 3000): (4, 96), (torch.float16, 3000): (4, 96), (torch.float32, 1500): (4, 96),
                 (torch.bfloat16, 2304): (4, 96), (torch.bfloat16, 3072): (8, 64), (torch.bfloat16, 4096): (8, 64),
                 (torch.float32, 3000): (8, 96), (torch.bfloat16, 3001): (7, 64), (torch.bfloat16, 8): (8, 1),

@@ -1,4 +1,4 @@
-"""The fused PolyNorm x mul (issue 15, Part 1): ``out = poly_norm(x) * mul``.
+"""The fused PolyNorm x mul: ``out = poly_norm(x) * mul``.
 
 Every backend (the C++ CPU kernel, CUDA, Triton, the reference) against the float64 oracle
 (``polynorm.reference.poly_norm_mul`` differentiated by autograd) over the shared matrix of

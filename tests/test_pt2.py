@@ -487,12 +487,12 @@ def _aoti_upstream_failure(device: str, tmp_path) -> str | None:
     """None when a package of a torch-only model (Linear, GELU, Linear) loads and runs in a
     fresh process on ``device``; otherwise how it failed. Checked once per device and run.
 
-    On the H200 image (torch 2.11.0+cu130, 2026-11-30) such a plain package died with a
-    segmentation fault inside ``aoti_load_package`` (AOTInductorModelContainer's
-    constructor, in the package's own wrapper library), on the CPU as on CUDA, with no
-    polynorm in the model or the process: an upstream limit of that torch build and
-    toolchain, not of polynorm (bench/NOTES.md). Where it holds, polynorm's own package
-    cannot be tested there, and test_aoti_package says so instead of failing.
+    With torch 2.11.0+cu130 (the GPU image) such a plain package dies with a segmentation
+    fault inside ``aoti_load_package`` (AOTInductorModelContainer's constructor, in the
+    package's own wrapper library), on the CPU as on CUDA, with no polynorm in the model or
+    the process: an upstream limit of that torch build and toolchain, not of polynorm. Where
+    it holds, polynorm's own package cannot be tested there, and test_aoti_package says so
+    instead of failing.
     """
     if device not in _AOTI_UPSTREAM:
         gen = _gen("aoti-plain", device)
@@ -697,7 +697,7 @@ def test_triton_opcheck_aot_dispatch_interpreter():
 
 
 # ---------------------------------------------------------------------------------------
-# The fused PolyNorm x mul (issue 15): torch.compile, eps forms, dynamic shapes, export
+# The fused PolyNorm x mul: torch.compile, eps forms, dynamic shapes, export
 # ---------------------------------------------------------------------------------------
 MUL_GRAPH_OPS = {
     "auto": "polynorm.mul_forward.default",

@@ -4,11 +4,10 @@ on the CPU machine and in CI, wherever the extension has its CUDA objects and ``
 found with ``nvdisasm`` (the pip packages ``nvidia-cuda-cuobjdump`` and ``nvidia-cuda-nvdisasm``,
 requirements.txt, or the CUDA toolkit's).
 
-A load that ptxas sinks below the row's first wait costs every row a second memory round trip:
-a change to code that never runs on the row path (the backward's last-block sum) did that to the
-bf16 and fp16 backward kernels and cost PolyNorm's backward 5-25% on an H200, with the same
-registers and no spill (bench/results/h200-2026-12-03). The checker itself is tested on a made-up
-listing first."""
+A load that ptxas sinks below the row's first wait costs every row a second memory round trip,
+with the same registers and no spill; code that never runs on the row path (the backward's
+last-block sum) can cause it in the bf16 and fp16 backward kernels. The checker itself is tested
+on a made-up listing first."""
 
 import importlib.util
 import shutil

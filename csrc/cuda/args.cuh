@@ -76,7 +76,7 @@ __device__ __forceinline__ void expert_params(const GroupArgs<acc_t>& grouping, 
 // Blocks of a <= 256-thread build that must fit an SM at once, by the packs a thread holds
 // (launch_plan.h, packs_held): 2 (128 registers a thread) for the wide builds, whose realigning
 // builds then spill 0-88 bytes by dtype and op (at 1 block, up to 255 registers and no spill,
-// views ran slower, h200-2026-12-01b); 3 (80 registers) for the narrow ones (PolyNorm's 2-byte
+// the views run slower); 3 (80 registers) for the narrow ones (PolyNorm's 2-byte
 // odd rows, the fused forward's 4-pack rows). Blocks of 1024 threads: 1 (64 registers).
 constexpr int row_min_blocks(int max_threads, int packs_held, [[maybe_unused]] bool realign) {
   return max_threads != 256 ? 1 : packs_held >= kRowWidePacks ? 2 : 3;

@@ -19,9 +19,7 @@ namespace {
 // The row kernels write each row's [r_3 S_3, r_2 S_2, r_1 S_1, sum g] to an [M, 4] buffer; one
 // block of 1024 threads per expert sums its segment. Thread t keeps kParamChains running sums:
 // chain c adds rows begin + t + c T, begin + t + (c + kParamChains) T, ... (T = 1024) in order, so
-// that each thread has kParamChains rows' loads in flight, not one (one chain of a block of 256 ran
-// the grouped backward at 1.16 of the single-expert kernel at E = 8, M = 65536,
-// h200-2026-12-01e). Then each thread adds its chains in order, xor shuffles inside each warp, and
+// that each thread has kParamChains rows' loads in flight, not one. Then each thread adds its chains in order, xor shuffles inside each warp, and
 // the warp totals in warp order. That order depends only on the segment's length, so an expert's
 // dW and dB are the same bits on every run and the same bits as this op gives for that expert's
 // rows alone. No atomics, no host synchronisation (offsets are read on the device). Each segment

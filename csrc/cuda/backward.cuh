@@ -1,8 +1,8 @@
 // The backward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
 // (GroupArgs): the row kernel here (x and grad_y in registers, on one CTA or a thread-block
 // cluster), the tiled kernel in backward_tiled.cuh; each writes dx and its block's dW/dB partial
-// (grouped: per-row terms). Which serves which row: launch_plan.h; launched by launch.cuh; the
-// forward kernels: forward.cuh.
+// (grouped: per-row terms). Which serves which row: launch_plan.h; launched by
+// launch_backward.cuh; the forward kernels: forward.cuh.
 #pragma once
 
 #include "args.cuh"
@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   // against it, and same_phase_rows is an equivalence, so the first unflagged tensor is in it); a
   // flag says that the tensor's rows are not in that phase, so that it is realigned into it (inputs) or out of it (outputs). kMul:
   // mul.vec_ok false, mul's rows realigned; mul.grad_vec_ok false, as grad_x's, grad_mul's
-  // (launch.cuh, launch_backward_row). The pack-realigned build: a flag says that the tensor's
+  // (launch_backward.cuh, launch_backward_row). The pack-realigned build: a flag says that the tensor's
   // rows are not 16-byte aligned (grad_x's and grad_mul's always are: no flag is read for them).
   const bool x_realign = (kLayout == kRealigned || kToPacks) && x_realign_arg;
   const bool g_realign = (kLayout == kRealigned || kToPacks) && g_realign_arg;

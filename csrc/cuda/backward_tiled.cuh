@@ -3,8 +3,8 @@
 // the row's dW/dB partial (grouped: its row terms). It serves the rows past the row kernels' reach
 // (bf16: H > 262144; on a device without clusters, past 16384, the fused op's past 8192) and
 // those of a cluster of 16 CTAs that the device cannot place (launch_plan.h). Every such row needs
-// more than 256 threads of row kernels, so the launch plan gives the tiled kernels one row a block
-// of kMaxGroup threads (tiled_plan), whatever H. Included by backward.cuh.
+// more than 256 threads of row kernels, so the launcher gives the tiled kernels one row a block of
+// kMaxGroup threads (launch_backward.cuh), whatever H. Included by backward.cuh.
 #pragma once
 
 #include "args.cuh"

@@ -1,7 +1,7 @@
 // The forward kernels of PolyNorm, of the fused PolyNorm x mul (kMul) and of the grouped op
 // (GroupArgs): the row kernel here (the row in registers, on one CTA or a thread-block cluster),
 // the tiled kernel in forward_tiled.cuh. Which serves which row: launch_plan.h; launched by
-// launch.cuh; the backward kernels: backward.cuh.
+// launch_forward.cuh; the backward kernels: backward.cuh.
 #pragma once
 
 #include "args.cuh"
@@ -47,12 +47,12 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
   using P = PackOf<scalar_t>;
   __shared__ acc_t red[2][kRowMaxThreads / 32][3];
   // Dynamic: the same-phase and realigned builds' stage areas (a warp's: stage_words), then, C > 1, the
-  // cluster slots ([2][C G / 32][3]); row_smem_bytes sizes them.
+  // cluster slots ([2][C G / 32][3]); launch_forward_row's smem_of sizes them.
   extern __shared__ __align__(16) unsigned char dyn_smem[];
   // kLayout (RowLayout): kAligned, every row aligned and H a multiple of the pack width
   // (no realignment code, no registers for it); kSamePhase, rows that start alike in every
   // tensor (stage_row); kRealigned, rows that do not: one phase a row, x's rows' or, where
-  // x_realign_arg says that x's rows are not in it, y's (launch.cuh, launch_forward_row: y's for
+  // x_realign_arg says that x's rows are not in it, y's (launch_forward.cuh, launch_forward_row: y's for
   // PolyNorm), x (and mul) realigned into it as they arrive (issue_row_at) where not in it, y out
   // of it as it is stored (store_row_from) where not in it, the sums through the stage as the
   // same-phase build's; kPackRealigned,
@@ -140,9 +140,7 @@ __global__ void __launch_bounds__(kMaxThreads, row_min_blocks(kMaxThreads, (kMul
       // the realigning build): 16-byte packs under one branch, issued back to back, not load_pack's
       // per-pack branch to an element-wise path, which spread the 8 loads over ~1300 instructions
       // (the same bits). The element-wise path stays, written first (the `if` branch), so that
-      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py). The fused
-      // forward at 2048 x 1024 / 2048 / 4096: 1.6 / 5.9 / 7.1% shorter in ncu, 7-8% fewer
-      // instructions (bench/results/h200-2026-12-03e).
+      // ptxas keeps the packs' loads inline after x's (tests/test_sass_load_order.py).
       if (!mul.vec_ok || H % P::kVec != 0) {
 #pragma unroll
         for (int i = 0; i < kPacks; ++i) {

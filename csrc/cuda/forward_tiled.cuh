@@ -2,8 +2,8 @@
 // (GroupArgs): any row, on a block of kMaxGroup threads that walks it tile by tile. It serves the
 // rows past the row kernels' reach (bf16: H > 524288; on a device without clusters, past 32768,
 // the fused op's past 16384) and those of a cluster of 16 CTAs that the device cannot place
-// (launch_plan.h). Every such row needs more than 256 threads of row kernels, so the launch plan
-// gives the tiled kernels one row a block of kMaxGroup threads (tiled_plan), whatever H. Included
+// (launch_plan.h). Every such row needs more than 256 threads of row kernels, so the launcher gives
+// the tiled kernels one row a block of kMaxGroup threads (launch_forward.cuh), whatever H. Included
 // by forward.cuh.
 #pragma once
 

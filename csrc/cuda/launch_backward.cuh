@@ -131,7 +131,7 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   }
   // Misaligned rows of whole packs beside aligned outputs (grad_x and grad_mul are new tensors, so
   // every such row) take the pack-realigned build: the inputs realigned to packs, summed as the
-  // aligned build sums them (packs.cuh, RowLayout). Other misaligned rows: same-phase or realigned.
+  // aligned build sums them (row_lanes.cuh, RowLayout). Other misaligned rows: same-phase or realigned.
   const bool to_packs = dx_vec_ok && (!kMul || mul.grad_vec_ok);
   const RowBuild layout = !realign    ? RowBuild::kAligned
                           : same_phase ? RowBuild::kSamePhase
@@ -210,7 +210,8 @@ bool launch_backward_row(const LaunchPlan& lp, bool g_vec_ok, bool x_vec_ok, boo
   // Who sums the dW / dB partials (launch_plan.h, row_sum_apart: by the rounds of rows of the
   // persistent grid), and the grid: persistent, but a block per R rows for PolyNorm's one-CTA rows
   // of whole packs that fill every lane's slots, whose partials are summed apart (a grid that fits
-  // gridDim.x; with the last block's sum a block per row ran 1.5-1.7 of an add, h200-2026-12-01b).
+  // gridDim.x; with the last block's sum a block per row ran 1.49-1.58 of an add at bf16 512-16384,
+  // bench/results/h200-row-packs/tune_bf16.log: b8w0).
   // By H and the dtype, not by the layout: a view's dW and dB are its aligned rows' bits.
   const int64_t persistent = row_grid(sizing, row, M, smem, 1);
   const int64_t groups = row_groups(row, M);

@@ -5,8 +5,9 @@
 //
 // Where the rest lives:
 // - csrc/launch_plan.h: which kernel serves which (op, H, dtype, layout), and why;
-// - forward.cuh, backward.cuh: the kernels (tiled, then row);
-// - packs.cuh: 16-byte packs, the row kernels' lane layout and realignment;
+// - forward.cuh, backward.cuh: the row kernels; forward_tiled.cuh, backward_tiled.cuh: the tiled;
+// - packs.cuh: 16-byte packs; row_lanes.cuh: the row kernels' lane layout, loads and builds;
+//   row_phase.cuh: same-phase and realigned rows;
 // - reduce.cuh: the reductions (tiled group, row, cluster) and the dW / dB partials' sums;
 // - args.cuh: the fused op's and the grouped ops' kernel arguments (MulArgs, GroupArgs).
 //
@@ -41,7 +42,7 @@ static_assert(int(RowBuild::kAligned) == kAligned && int(RowBuild::kRealigned) =
                   int(RowBuild::kSamePhase) == kSamePhase && int(RowBuild::kPackRealigned) == kPackRealigned &&
                   int(RowBuild::kAlignedStaged) == kAlignedStaged && int(RowBuild::kSamePhaseTail) == kSamePhaseTail &&
                   int(RowBuild::kRealignedTail) == kRealignedTail,
-              "launch_plan.h's RowBuild and packs.cuh's RowLayout");
+              "launch_plan.h's RowBuild and row_lanes.cuh's RowLayout");
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -162,7 +163,7 @@ int64_t resident_blocks(Kernel kernel, int threads, size_t smem) {
 }
 
 // Whether rows of a and b (row strides in elements) start at the same offset into their 16-byte
-// chunks, row for row: the row kernels' same-phase path (the forward's stage, packs.cuh stage_row;
+// chunks, row for row: the row kernels' same-phase path (the forward's stage, row_phase.cuh stage_row;
 // the backward's class sums, backward.cuh class_sums). An equivalence relation.
 template <typename scalar_t>
 bool same_phase_rows(const scalar_t* a, int64_t a_stride, const scalar_t* b, int64_t b_stride) {

@@ -54,7 +54,7 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
   const auto kernel_of = [&](RowBuild l) {
     return fwd_row_kernel<scalar_t, kMul>(row_kernel_for(false, kMul, grouped, lp, l));
   };
-  // Dynamic shared memory: the same-phase and realigned builds' stage areas (packs.cuh, stage_row:
+  // Dynamic shared memory: the same-phase and realigned builds' stage areas (row_phase.cuh, stage_row:
   // one a warp), then the cluster slots.
   const auto smem_of = [&](RowBuild l) {
     const bool staged = l == RowBuild::kSamePhase || l == RowBuild::kRealigned;
@@ -94,10 +94,11 @@ bool launch_forward_row(const LaunchPlan& lp, bool x_vec_ok, bool y_vec_ok, cons
     y_flag = off(y_ptr, H, ref, ref_stride);
     if constexpr (kMul) margs.vec_ok = !off(mul.mul, mul.row_stride, ref, ref_stride);
   }
-  // The grid: a block per R rows for rows of one CTA (1.05-1.07 of a copy at H = 2048-16384
-  // against 1.11-1.15 persistent, h200-2026-12-01b); persistent for rows of clusters (bf16
-  // 131072: 1.29 against 1.37, h200-2026-11-30d) and for the fused op's rows of one CTA past 128
-  // threads (bf16 12288: 1.127 of its floor against 1.206, h200-2026-12-02f).
+  // The grid: a block per R rows for rows of one CTA (1.05-1.06 of a copy at H = 2048-16384
+  // against 1.13-1.14 persistent); persistent for rows of clusters (bf16 131072: 1.30 against
+  // 1.34; both bench/results/h200-row-packs/tune_bf16.log: f16w1, f16w0) and for the fused op's
+  // rows of one CTA past 128 threads (bf16 12288: 1.127 of its floor against 1.206,
+  // bench/results/h200-param-sums/tune.log: mfw1, mf).
   const int waves = row.cluster > 1 || (kMul && row.G > kRowMinThreads) ? 1 : 0;
   const size_t smem = smem_of(layout);
   allow_smem(kernel, smem);

@@ -86,8 +86,8 @@ __device__ __forceinline__ void row_reduce(acc_t (&v)[N], acc_t (*red)[N], const
   }
 }
 
-// A row grid's staggered start (launch.cuh, row_stagger; not the grouped builds): the grid's first
-// `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
+// A row grid's staggered start (launch_common.cuh, row_stagger; not the grouped builds): the grid's
+// first `wave` clusters (a block of one CTA is a cluster of one) start in four quarters, quarter q waiting
 // q * cycles clock cycles before its first row, so that the blocks an SM holds, and the clusters of
 // the grid, do not load and compute in step. A persistent grid staggers every cluster; a grid of
 // a block per R rows the blocks resident at its start, and its later blocks start as others leave.
@@ -174,14 +174,15 @@ __device__ __forceinline__ uint32_t peer_address(uint32_t local, int rank) {
 // do: the mbarrier's transaction count covers the peers' st.async bytes in this CTA's shared
 // memory, all the exchange reads. This rests on that established practice: the PTX memory model's
 // letter pairs st.async's cluster-scope release with an acquire whose scope includes the peer. At cluster scope
-// (`.acquire.cluster`) ptxas invalidated the whole L1 after every wait (CCTL.IVALL: 11% of the
-// bf16 131072 backward's stall samples, bench/results/h200-2026-12-02c). Then every lane adds all
-// C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
+// (`.acquire.cluster`) ptxas invalidates the whole L1 after every wait (CCTL.IVALL: 11% of the
+// bf16 131072 backward's stall samples, bench/results/h200-cluster-ctas/ncu.tgz). Then every lane
+// adds all C G / 32 slots in a fixed order: lane l slots l, l + 32, ..., then an xor tree. The tree
 // depends only on C G. Double-buffered by row parity: a peer writes slots of parity p again only
 // after its wait on the next row, which needs this CTA's stores of that row, which each warp
 // makes after it has read the slots of p. Before its first store into a peer, a CTA waits once
-// on the cluster's start barrier (`started`, ClusterStart above). Against the cluster barrier:
-// 5-12% faster at every row of clusters, the same bits (bench/results/h200-2026-12-02b).
+// on the cluster's start barrier (`started`, ClusterStart above). Against the cluster barrier,
+// the same bits and less time: the backward at 65536 1.338 -> 1.203 of an add
+// (bench/results/h200-clusters-of-16/tune_tx.log: b, b-tx).
 template <int N, typename acc_t>
 __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, int parity, const RowLane& rl,
                                                    int C, ClusterStart& started) {
@@ -220,10 +221,10 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
   started.phases ^= 1u << parity;
   // Lane l adds the slots of warps l, l + 32, ... in turn (each sum from zero), then the xor tree: four
   // float sums a slot in one 16-byte read (buffer is 16-byte aligned: the slots start so, a parity's
-  // slots are warps * 16 bytes), in the same order as one sum at a time. Against one sum at a time
-  // (bf16 at M·H = 2^26, bench/results/h200-2026-12-04d): PolyNorm's backward at 131072 / 262144
-  // 1.22 / 1.39 -> 1.12 / 1.20 of an add, the fused backward at 131072 1.40 -> 1.25. The forward's three
-  // sums padded to four and read so gained nothing measurable, hence N == 4 only.
+  // slots are warps * 16 bytes), in the same order as one sum at a time, with a quarter of the
+  // shared-memory reads (PolyNorm's backward so at 131072 / 262144: 1.13 / 1.21 of an add, bf16 at
+  // M·H = 2^26, bench/results/h200-staged-rows/tune.log). The forward's three sums padded to four
+  // and read so gain nothing measurable, hence N == 4 only.
   acc_t total[N];
 #pragma unroll
   for (int k = 0; k < N; ++k) total[k] = acc_t(0);
@@ -255,7 +256,7 @@ __device__ __forceinline__ void cluster_row_reduce(acc_t (&v)[N], acc_t* slots, 
 // Where a backward launch puts dW and dB (docs/MATH.md): each block writes its partial
 // sums [dw0, dw1, dw2, db] for its rows, and the last block to finish sums all the partials
 // (finish_param_grads); or, for a row launch with `apart`, a kernel of its own does, launched
-// right after it (param_sum_kernel; launch.cuh, launch_backward_row says when).
+// right after it (param_sum_kernel; launch_backward.cuh, launch_backward_row says when).
 template <typename acc_t>
 struct ParamGrads {
   acc_t* partials;          // [the backward grid's blocks, 4] opmath: one block's sums each
@@ -336,9 +337,9 @@ __device__ __forceinline__ void sum_param_partials(const ParamGrads<acc_t>& pg, 
 // on the grid and block sizes, not on which block is last, and there are no atomics on the
 // values: the same bits on every run. This replaces a second kernel launch (the
 // threadFenceReduction pattern of the CUDA samples) for grids of few rounds; it costs the fences:
-// every block waits for its last stores before it draws its ticket (the whole sum about 2% of a
-// persistent grid's time, 40% of a block per R rows', 13% of it the fences and tickets:
-// bench/results/h200-2026-12-02f), hence param_sum_kernel.
+// every block waits for its last stores before it draws its ticket, which a grid of many rounds
+// pays in every block (bf16 4096: 1.112 of an add against 1.092 summed apart,
+// bench/results/h200-param-sums/tune.log: b-a0, b), hence param_sum_kernel.
 // atomicInc wraps the counter back to 0 on the last block, ready for the next launch;
 // launches on one stream never overlap, so one counter per stream suffices
 // (arrival_counter), and a launch captured in a CUDA graph has a counter of its own.
@@ -358,17 +359,17 @@ __device__ __forceinline__ void finish_param_grads(const ParamGrads<acc_t>& pg, 
 }
 
 // The row backward's partials summed apart (ParamGrads::apart): one block of kParamSumThreads,
-// launched right after the row kernel as a programmatic dependent launch on sm_90 (launch.cuh,
-// launch_param_sum), so it is placed once every block of the row kernel has left its rows
+// launched right after the row kernel as a programmatic dependent launch on sm_90
+// (launch_backward.cuh, launch_param_sum), so it is placed once every block of the row kernel has left its rows
 // (allow_param_sum) and waits here for the row kernel to complete and its stores to be visible
 // (griddepcontrol.wait; without that launch attribute, stream order alone, and the wait returns
-// at once). No fence, no ticket. Let start when every block had started instead (the trigger
-// before the rows), it cost the persistent grids 1-2% (bench/results/h200-2026-12-02f). Its loads
-// batched (8 blocks' partials in flight a thread for fp32, 49 registers; 4 for fp64, 57), not one
-// block's at a time (25 registers): PolyNorm's backward on a block per R rows 1.09-1.10 of an add
-// -> 1.06-1.08 at bf16 512-8192 (bench/results/h200-2026-12-03; on 256 threads, no faster). The
-// same batching in the row kernels' last-block sum measured every PolyNorm backward 5-25% slower,
-// for a reason not found: there, one partial at a time.
+// at once). No fence, no ticket. Placed once every block has started instead (the trigger before
+// the rows), it costs the persistent grids 1-2% (bench/results/h200-param-sums/tune.log: bw1-a1
+// against bw1-a2). Its loads batched (8 blocks' partials in flight a thread for fp32, 49
+// registers; 4 for fp64, 57), not one block's at a time (25 registers), so that one thread's sum
+// waits on 8 loads at once, not on each in turn; on 256 threads it is no faster. The row kernels'
+// last-block sum takes one partial at a time: batched there, ptxas moved a row load below the
+// row's first wait in the bf16 and fp16 backward kernels (bench/sass_load_order.py).
 constexpr int kParamSumThreads = 1024;
 template <typename acc_t>
 __global__ void __launch_bounds__(kParamSumThreads) param_sum_kernel(ParamGrads<acc_t> pg, int64_t blocks) {

@@ -68,10 +68,9 @@ __device__ __forceinline__ RowBlock row_block(int G, int C) {
 // A row of C > 1 CTAs (a thread-block cluster, C consecutive blocks): CTA `rank` holds lanes
 // [rank G, (rank + 1) G) of the row's C G, so the lane layout, the packs a lane owns and the
 // load/store code are those of one CTA of C G threads.
-// kWholeWarps: the build serves rows of 32 lanes or more only (launch.cuh, row_kernel), so W = 32
-// is known at compile time: every slot's index and test is a constant offset (bf16 H = 5125
-// backward 1.30 -> 1.14 of an add, 12% fewer instructions; the odd-H forwards 2-5% faster:
-// bench/results/h200-2026-12-03f).
+// kWholeWarps: the build serves rows of 32 lanes or more only (launch_plan.h, row_kernel_for), so
+// W = 32 is known at compile time: every slot's index and test is a constant offset, fewer
+// instructions than a W known at run time, and faster odd-H rows.
 template <int kPacks, bool kWholeWarps = false>
 __device__ __forceinline__ RowLane row_lane(int G, int C) {
   const int rank = C > 1 ? static_cast<int>(blockIdx.x) & (C - 1) : 0;
@@ -174,8 +173,8 @@ __device__ __forceinline__ void issue_rows(const RowRegs<kPacks> (&regs)[kN], co
 }
 
 // The same for two tensors (PolyNorm's same-phase backward: x and grad_y), written out rather than
-// through the array form above: through it ptxas scheduled that backward otherwise, 1.5% slower in
-// ncu at bf16 5125 / 16385 (bench/results/h200-2026-12-03g). So is mask_row_ends' two-tensor form.
+// through the array form above: through it ptxas schedules that backward otherwise, and slower.
+// So is mask_row_ends' two-tensor form.
 template <typename scalar_t, int kPacks, bool kMayBeEmpty = false>
 __device__ __forceinline__ void issue_rows(Pack (&a)[kPacks], Pack& a_ext, const scalar_t* a_row, Pack (&b)[kPacks],
                                             Pack& b_ext, const scalar_t* b_row, int64_t H, const RowLane& rl) {
@@ -359,8 +358,9 @@ __device__ __forceinline__ void store_row(scalar_t* row, const Pack (&out)[kPack
 // The row kernels' builds by layout (the kLayout template argument). kPackRealigned: misaligned
 // rows of whole packs beside aligned outputs, realigned to packs (finish_row) and summed as the
 // aligned build sums them (the backward at a view of x one element in, bf16 H = 4096: 0.97 of its
-// add so, 1.06 in the one-phase realigned build, bench/results/h200-2026-12-04); the forward's also serves
-// where the stage does not fit a block, and the narrow builds' aligned rows.
+// add so, 1.06 in the one-phase realigned build, bench/results/h200-misaligned-rows/compare_mn.log:
+// rows 4096x of the m and n builds); the forward's also serves where the stage does not fit a
+// block, and the narrow builds' aligned rows.
 // kAlignedStaged: the fused backward's aligned rows of clusters, each thread's packs copied into its own
 // shared-memory stage (stage_copies) a row ahead (launch_plan.h, row_staged).
 // kSamePhaseTail, kRealignedTail: the same-phase and realigned builds of rows whose tail is wider than one element
@@ -375,7 +375,7 @@ constexpr int build_layout(int build) {
 }
 constexpr bool wide_tail_build(int build) { return build == kSamePhaseTail || build == kRealignedTail; }
 
-// Whether a row build serves rows of fewer than 32 lanes only (launch.cuh, row_kernel): a
+// Whether a row build serves rows of fewer than 32 lanes only (launch_plan.h, row_kernel_for): a
 // realigning or same-phase build without kWholeWarps, but not a grouped one (one build for every
 // row). Such rows are one warp segment of one CTA: no cross-warp sum, no cluster.
 constexpr bool short_rows(int layout, bool whole_warps, bool grouped) {

@@ -117,7 +117,7 @@ __device__ __forceinline__ void store_own_chunk_part(Pack* dst, int p, const Pac
 // finish_row_at), an output of another phase out of it as it is stored (store_row_from): a
 // shuffle and a realignment a chunk of each such tensor only. Realigning every misaligned tensor
 // to whole packs and back instead, a view of x and grad_y one element in at odd H read 1.31-1.50
-// of an add (bench/results/h200-2026-12-03h).
+// of an add (bench/results/h200-misaligned-rows/compare_mn.log, the m build's rows Hv).
 // Chunk q of a row in phase `phase` holds the row's bytes [16 q - phase, 16 q + 16 - phase).
 
 // Issues the loads of a row for finish_row_at. Without `realign` the row is in `phase` (its
