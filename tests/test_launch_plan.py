@@ -697,7 +697,10 @@ def run_config(op: str, x, g, w, b, family: str, clusters: bool, mul=None, offse
     with poisoned_outputs():
         if offsets is not None:
             y, rstd = ops._grouped_forward_config(x, w, b, offsets, EPS, family, clusters)
-            return Grads(y, *ops._grouped_backward_config(g, x, w, offsets, rstd, family, clusters))
+            dx, dw, db = ops._grouped_backward_config(g, x, w, offsets, rstd, family, clusters)
+            # The op returns dW and dB in rstd's dtype (fp64 for fp64 x); autograd rounds each to
+            # its parameter's dtype, as here.
+            return Grads(y, dx, dw.to(w.dtype), db.to(b.dtype))
         if mul is not None:
             out, rstd = ops._mul_forward_config(x, mul, w, b, EPS, family, clusters)
             return MulGrads(out, *ops._mul_backward_config(g, x, mul, w, b, rstd, family, clusters))
