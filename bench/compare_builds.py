@@ -198,6 +198,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-triton", action="store_true", help="time the CUDA ops only")
     parser.add_argument("--no-warm", action="store_true", help="skip the warm-up runs that fill Triton's cache")
     parser.add_argument("--quick", action="store_true", help="ops_timing.py --quick: a handful of rows (smoke)")
+    parser.add_argument("--graph", action="store_true",
+                        help="ops_timing.py --graph: each op timed as a CUDA graph's replay, without the host's cost")
     parser.add_argument("--out", type=Path, default=Path("out/compare_builds"))
     args = parser.parse_args(argv)
     if args.old_log or args.new_log:
@@ -226,6 +228,7 @@ def main(argv=None) -> int:
     common = ["--op", *args.op, "--warmup", str(args.warmup), "--rep", str(args.rep)]
     common += ["--no-triton"] if args.no_triton else []
     common += ["--quick"] if args.quick else []
+    common += ["--graph"] if args.graph else []
     n_bench = len(ops_timing.shapes(args.quick)) * ops_timing.timings_per_shape(tuple(args.op), not args.no_triton)
     run_s = STARTUP_S + n_bench * (args.warmup + args.rep + 10) / 1e3
     runs = args.repeat * len(args.dtype) * 2
