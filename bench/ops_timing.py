@@ -95,8 +95,9 @@ class Shape:
     layout: str  # aligned | odd | view
 
 
-def shapes(quick: bool = False) -> list[Shape]:
-    """The timed shapes, in the order they are timed (the same for every dtype)."""
+def shapes(quick: bool = False, seed: bool = False) -> list[Shape]:
+    """The timed shapes, in the order they are timed (the same for every dtype). ``seed``: the
+    M = SEED_M rows alone, the kernels of a few microseconds whose medians need more runs."""
     rows = [Shape(ELEMENTS // H, H, "aligned") for H in ALIGNED_H]
     rows += [Shape(ELEMENTS // H, H, "odd") for H in ODD_H]
     rows += [Shape(ELEMENTS // H, H, "view") for H in VIEW_H]
@@ -105,6 +106,8 @@ def shapes(quick: bool = False) -> list[Shape]:
         keep = {(ELEMENTS // 4096, 4096, "aligned"), (ELEMENTS // 5125, 5125, "odd"),
                 (ELEMENTS // 5125, 5125, "view"), (SEED_M, 1024, "aligned")}  # fmt: skip
         rows = [s for s in rows if (s.M, s.H, s.layout) in keep]
+    if seed:
+        rows = [s for s in rows if s.M == SEED_M]
     assert len({(s.M, s.H, s.layout) for s in rows}) == len(rows)
     return rows
 
@@ -234,6 +237,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--op", nargs="+", choices=OPS, default=list(OPS))
     parser.add_argument("--dtype", nargs="+", choices=DTYPES, default=list(DTYPES))
     parser.add_argument("--quick", action="store_true", help="one row of each layout and a seed row (smoke)")
+    parser.add_argument("--seed", action="store_true", help=f"the M = {SEED_M} rows alone")
     parser.add_argument("--no-triton", action="store_true", help="the CUDA ops only (the Triton columns show nan)")
     parser.add_argument("--graph", action="store_true",
                         help="time each op as the replay of a one-call CUDA graph (no host cost); floors eager")
@@ -257,7 +261,7 @@ def main(argv=None) -> int:
         triton_version = triton_module.__version__
     except ImportError:
         sys.exit("ops_timing: needs triton (triton.testing.do_bench)")
-    ops, dtypes, rows = tuple(args.op), tuple(args.dtype), shapes(args.quick)
+    ops, dtypes, rows = tuple(args.op), tuple(args.dtype), shapes(args.quick, args.seed)
     package = os.path.dirname(os.path.abspath(polynorm.__file__))
     n_bench = len(dtypes) * len(rows) * timings_per_shape(ops, triton)
     estimate = n_bench * (args.warmup + args.rep + 10) / 1e3  # ~10 ms a call beyond its budgets

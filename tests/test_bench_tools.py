@@ -18,7 +18,8 @@ ops_timing = compare_builds.ops_timing
 nan = math.nan
 
 
-def log_text(rows: dict[tuple, tuple[float, float, float, float]], commit: str = "abc1234") -> str:
+def log_text(rows: dict[tuple, tuple[float, float, float, float]], commit: str = "abc1234",
+             floors: tuple[float, float] = (0.1, 0.15)) -> str:
     """A log as ops_timing.py writes it: rows maps (op, dtype, M, H, layout) to the op times in ms
     (fwd cuda, fwd triton, bwd cuda, bwd triton) over floors of 0.1 ms (forward) and 0.15 ms."""
     lines = ["# gpu: NVIDIA H100 80GB HBM3", "# torch: 2.11.0", "# triton: 3.6.0", f"# commit: {commit}",
@@ -26,7 +27,7 @@ def log_text(rows: dict[tuple, tuple[float, float, float, float]], commit: str =
              "# skipped forward_triton/backward_triton: no kernel", ops_timing.header()]  # fmt: skip
     for (op, dtype, M, H, layout), (fc, ft, bc, bt) in rows.items():
         shape = ops_timing.Shape(M, H, layout)
-        lines.append(ops_timing.format_row(op, dtype, shape, (0.1, 0.15), (fc, ft), (bc, bt)))
+        lines.append(ops_timing.format_row(op, dtype, shape, floors, (fc, ft), (bc, bt)))
     return "\n".join(lines) + "\n"
 
 
@@ -97,6 +98,19 @@ def test_a_slower_cuda_cell_fails():
     assert "poly_norm_mul float16 13094 5125 odd bwd_cuda: 1.050" in text
     _, status = compare_builds.report(parsed(OLD), parsed(new), 1.06)
     assert status == 0  # within a looser limit
+
+
+def test_builds_compare_by_time_not_by_the_floor(tmp_path):
+    # The same op times over a floor 10% faster in the new build's run: its ratios read 1.1, its
+    # times are the old ones, and the guard passes; the same ratios over the old floor fail.
+    old, new = tmp_path / "old.log", tmp_path / "new.log"
+    old.write_text(log_text(OLD))
+    new.write_text(log_text(OLD, floors=(0.09, 0.135)))
+    args = ["--old-log", str(old), "--new-log", str(new), "--out", str(tmp_path / "cmp")]
+    assert compare_builds.main(args) == 0
+    new.write_text(log_text({k: tuple(v * 1.1 for v in cells) for k, cells in OLD.items()}, floors=(0.1, 0.15)))
+    assert compare_builds.main(args) == 1
+    assert "1.100" in (tmp_path / "cmp" / "comparison.txt").read_text()
 
 
 def test_triton_is_shown_not_gated():
