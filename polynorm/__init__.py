@@ -11,6 +11,10 @@ The gated MLP's fused PolyNorm x mul, ``out = poly_norm(x) * mul``, is
 
 Importing this package loads the compiled library, which registers
 ``torch.ops.polynorm.forward`` and ``backward``, and ``mul_forward`` and ``mul_backward``.
+
+:mod:`polynorm.layers` holds drop-ins for the modules of Motif's kernels (the kernels-hub
+kernel ``Motif-Technologies/activation``), and :func:`patch_model` swaps the PolyNorm
+modules of a model (Motif's, the hub's, Liger's) for polynorm's in one call.
 """
 
 import torch
@@ -20,6 +24,8 @@ from polynorm import reference
 from polynorm.module import FusedMulPolyNorm, PolyNorm
 from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
+from polynorm import layers
+from polynorm.patch import patch_model
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
@@ -31,6 +37,8 @@ __all__ = [
     "FusedMulPolyNorm",
     "GroupedPolyNorm",
     "PolyNorm",
+    "layers",
+    "patch_model",
     "poly_norm",
     "poly_norm_grouped",
     "poly_norm_mul",
