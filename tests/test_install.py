@@ -8,6 +8,7 @@ imported:
 
 - ``python3 -m polynorm --help`` and ``python3 -m polynorm`` (the CPU preset, about a minute on
   2 cores) exit 0, and run the installed package;
+- pip -v shows the build's progress lines (setup.py);
 - ``python3 -W error -c "import polynorm"`` exits 0 with nothing on stderr (a missing numpy
   makes torch warn "Failed to initialize NumPy").
 
@@ -16,6 +17,7 @@ About 2.5 minutes on 2 cores (the build, 1 minute; the main job, 1 minute). Mark
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,7 +50,8 @@ def _run(cmd: list[str], cwd: Path, env: dict, timeout: int) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(python, env, cwd): a fresh venv holding a non-editable install of polynorm."""
+    """(python, env, cwd, venv, build output): a fresh venv holding a non-editable install of
+    polynorm, installed with pip -v."""
     base = tmp_path_factory.mktemp("install")
     src = base / "src"
     for rel in _source_files():
@@ -61,34 +64,48 @@ def installed(tmp_path_factory):
     python = str(base / "venv" / "bin" / "python3")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.update(POLYNORM_FORCE_CPU="1", MAX_JOBS=env.get("MAX_JOBS", "2"), PIP_DISABLE_PIP_VERSION_CHECK="1")
-    _run([python, "-m", "pip", "install", ".", "--no-build-isolation", "--no-deps", "--no-index"], src, env, 900)
+    done = _run([python, "-m", "pip", "install", "-v", ".", "--no-build-isolation", "--no-deps", "--no-index"],
+                src, env, 900)
+    build = done.stdout + done.stderr  # pip -v relays the build's output on stderr
     cwd = base / "elsewhere"
     cwd.mkdir()
-    return python, env, cwd, base / "venv"
+    return python, env, cwd, base / "venv", build
+
+
+def test_build_talks_through_pip(installed):
+    """pip -v relays the build as it goes: what it compiles and, every 20 s (setup.py's
+    HEARTBEAT_S), which source is compiling."""
+    build = installed[-1]
+    assert "polynorm: POLYNORM_FORCE_CPU=1, building the CPU kernel only" in build
+    assert "polynorm: compiling 7 sources into polynorm._C: csrc/ops.cpp," in build
+    seconds = int(re.search(r"polynorm: built polynorm\._C in (\d+) s", build)[1])
+    beats = re.findall(r"polynorm: compiling csrc/\S+ \(\d+ s; (\d+) s in all\)", build)
+    # One line per source compiling at each beat: beats at 20, 40, ... s, until the link.
+    assert len(beats) >= min(1, seconds // 25), build[-3000:]
 
 
 def test_installed_package_is_the_venv_copy(installed):
-    python, env, cwd, prefix = installed
+    python, env, cwd, prefix, _ = installed
     where = _run([python, "-c", "import polynorm, polynorm.lm.train, polynorm._C; print(polynorm.__file__)"],
                  cwd, env, 120).stdout.strip()
     assert Path(where).resolve().is_relative_to(prefix.resolve()), where
 
 
 def test_import_prints_no_warning(installed):
-    python, env, cwd, _ = installed
+    python, env, cwd, _, _ = installed
     done = _run([python, "-W", "error", "-c", "import polynorm"], cwd, env, 120)
     assert done.stderr == "" and done.stdout == "", done.stderr
 
 
 def test_main_job_help(installed):
-    python, env, cwd, _ = installed
+    python, env, cwd, _, _ = installed
     done = _run([python, "-m", "polynorm", "--help"], cwd, env, 120)
     assert done.stdout.startswith("usage: python3 -m polynorm") and "--preset" in done.stdout
 
 
 def test_main_job_runs_from_any_directory(installed):
     """The README's check of an install: the CPU preset trains, every backend agrees, exit 0."""
-    python, env, cwd, _ = installed
+    python, env, cwd, _, _ = installed
     done = _run([python, "-m", "polynorm", "--no-progress", "--out", str(cwd / "train")], cwd, env, 900)
     assert "OK (" in done.stdout.splitlines()[-1], done.stdout[-2000:]
     assert (cwd / "train" / "summary.json").is_file()
