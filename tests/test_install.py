@@ -63,7 +63,10 @@ def installed(tmp_path_factory):
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(base / "venv")
     python = str(base / "venv" / "bin" / "python3")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(POLYNORM_FORCE_CPU="1", MAX_JOBS=env.get("MAX_JOBS", "2"), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    # The CPU kernel only, and no GPU for the installed package: python3 -m polynorm runs the CPU
+    # preset, as on a machine without one, on the GPU machine too.
+    env.update(POLYNORM_FORCE_CPU="1", CUDA_VISIBLE_DEVICES="", MAX_JOBS=env.get("MAX_JOBS", "2"),
+               PIP_DISABLE_PIP_VERSION_CHECK="1")
     done = _run([python, "-m", "pip", "install", "-v", ".", "--no-build-isolation", "--no-deps", "--no-index"],
                 src, env, 900)
     build = done.stdout + done.stderr  # pip -v relays the build's output on stderr
