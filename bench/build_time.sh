@@ -11,7 +11,7 @@
 # and environments are deleted at the end. Settings, each taken from the environment if set:
 #   CUDA_HOME             default /usr/local/cuda
 #   MAX_JOBS              default 2 (parallel compile jobs)
-#   TORCH_CUDA_ARCH_LIST  default unset: setup.py's own default (8.0;9.0)
+#   TORCH_CUDA_ARCH_LIST  default unset: setup.py's own default (8.0;9.0;10.0+PTX)
 #   BUILD_TIME_LOGS       a folder to keep each build's pip log in (default: not kept)
 # Prints the commit, nproc, the CPU model, torch and nvcc versions, then the wall seconds of each
 # build and whether its import registers the CUDA kernels.

@@ -10,6 +10,10 @@
 #                folder holding the old build's polynorm/, built for this GPU)
 #   kernels      the CUDA/Triton parity and kernel tests (pytest -k cuda), ~1.5 min
 #   smoke        the smoke subset (pytest -m smoke): every backend, dtype and layout once
+#   ptx          a build of compute_80 PTX alone (no sm_90 code) in a copy of the tree, which the driver JIT
+#                compiles for this GPU: its binary's listing, then the smoke subset against it, ~5 min
+#   wheel        the polynorm wheel carried in .whl/ (README "Wheels"), pip-installed without a compiler into a
+#                fresh target folder: the smoke subset and the main job against it, from outside the tree, ~6 min
 #   profile      bench/profile_steps.py: host time, launches and GPU idle gaps per step, ~1 min
 #   ncu          an Nsight Compute profile of the CUDA kernels at H = 5125 (NCU_H), ~1 min
 #   train        the main job, python3 -m polynorm (default GPU preset), ~5 min
@@ -21,14 +25,15 @@
 #   grouped      bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
 #   triton_host  bench/triton_host.py: where the Triton backend's host time goes, ~1 min
 # A stage with many output files packs them as one .tgz: the device tool returns a limited number
-# of files. liger-kernel, when wanted, comes as a wheel in .whl/.
+# of files. liger-kernel, when wanted, comes as a wheel in .whl/ (a polynorm wheel there is the wheel stage's).
 set -uo pipefail
 OUT="${OUT:-out}"
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}" MAX_JOBS="${MAX_JOBS:-16}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-if ls .whl/*.whl > /dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+others=$(ls .whl/*.whl 2> /dev/null | grep -v '/polynorm-')
+if [ -n "$others" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $others \
     && export PYTHONPATH=/tmp/site
 fi
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -53,6 +58,36 @@ for stage in "${stages[@]}"; do
     smoke)
       /usr/bin/time -f "smoke wall %e s" timeout 120 python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke \
         > "$OUT/tests_smoke.log" 2>&1; echo "pytest smoke rc=$?"; tail -2 "$OUT/tests_smoke.log" ;;
+    ptx)
+      # POLYNORM_NVCC_FLAGS names the GPU code, so torch adds none of TORCH_CUDA_ARCH_LIST's: the binary holds
+      # compute_80 PTX and no machine code. On this GPU every kernel is JIT compiled from it (a cache big
+      # enough to keep them), and the plan runs no clusters: the code has none (device_launches_clusters).
+      rm -rf /tmp/ptx && mkdir -p /tmp/ptx
+      tar --exclude=./build --exclude=./out --exclude=./.git --exclude=./.whl --exclude='*.so' -cf - . | tar -xf - -C /tmp/ptx
+      (cd /tmp/ptx && POLYNORM_NVCC_FLAGS="-gencode=arch=compute_80,code=compute_80" /usr/bin/time -f "ptx build wall %e s" \
+        python3 setup.py build_ext --inplace) > "$OUT/ptx_build.log" 2>&1; echo "ptx build rc=$?"
+      grep "^polynorm:" "$OUT/ptx_build.log" | head -3
+      so=$(ls /tmp/ptx/polynorm/_C*.so)
+      tool=$(PYTHONPATH=bench python3 -c "from sass_load_order import find_tool; print(find_tool('cuobjdump'))")
+      { echo "== $tool --list-elf (machine code: none expected)"; "$tool" --list-elf "$so"
+        echo "== $tool --list-ptx"; "$tool" --list-ptx "$so"; } > "$OUT/ptx_listing.log" 2>&1
+      cat "$OUT/ptx_listing.log"
+      (cd /tmp/ptx && CUDA_CACHE_MAXSIZE=4294967296 /usr/bin/time -f "ptx smoke wall %e s" timeout 420 \
+        python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke) > "$OUT/ptx_smoke.log" 2>&1
+      echo "ptx smoke rc=$?"; tail -3 "$OUT/ptx_smoke.log" ;;
+    wheel)
+      # No compiler is needed: pip unpacks the wheel into a fresh folder. The tests run from a folder that holds
+      # tests/ and pyproject.toml only, so the import is the wheel's, never the source tree's.
+      rm -rf /tmp/wheel_site /tmp/wheel_run && mkdir -p /tmp/wheel_run
+      python3 -m pip install --no-index --no-deps --no-cache-dir --target /tmp/wheel_site .whl/polynorm-*.whl \
+        > "$OUT/wheel_install.log" 2>&1; echo "wheel install rc=$?"; tail -1 "$OUT/wheel_install.log"
+      cp -r tests pyproject.toml /tmp/wheel_run/
+      (cd /tmp/wheel_run && export PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} \
+        && python3 -c "import polynorm, torch; print('polynorm from', polynorm.__file__, 'torch', torch.__version__)" \
+        && /usr/bin/time -f "wheel smoke wall %e s" timeout 200 python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke \
+        && mkdir -p train && /usr/bin/time -f "wheel train wall %e s" timeout 420 python3 -m polynorm --no-progress --out train) \
+        > "$OUT/wheel.log" 2>&1; echo "wheel rc=$?"
+      grep -E "polynorm from|passed|failed|^OK|^FAILED|wall" "$OUT/wheel.log" ;;
     profile)
       timeout 120 python3 bench/profile_steps.py > "$OUT/profile_steps.log" 2>&1; echo "profile rc=$?"
       sed -n '/^| M/,$p' "$OUT/profile_steps.log" ;;

@@ -38,8 +38,10 @@ LAYOUTS = ("aligned", "pack-realigned", "same-phase", "realigned")
 ROW_BUILDS = ("kAligned", "kRealigned", "kSamePhase", "kPackRealigned", "kAlignedStaged", "kSamePhaseTail",
               "kRealignedTail")
 # Kernels beside the plan's: the backward's dW / dB sum apart (reduce.cuh, param_sum_kernel) and
-# grouped_backward's per-expert sums (cuda/backward.cu), for float and double accumulators.
+# grouped_backward's per-expert sums (cuda/backward.cu), for float and double accumulators; the
+# empty kernel whose attributes tell which architecture's code runs (launch_common.cuh).
 HELPERS = {f"{k}<{t}>" for k in ("param_sum_kernel", "poly_norm_grouped_param_kernel") for t in ("float", "double")}
+HELPERS.add("arch_probe_kernel")
 
 
 def fields(text: str) -> dict:

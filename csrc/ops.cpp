@@ -70,8 +70,10 @@ void check_params(const char* op, const at::Tensor& x, const at::Tensor& weight)
   check_defined(op, "weight", weight);
   TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
               ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
-  TORCH_CHECK(weight.numel() == 3, op, ": expected weight to have 3 elements [w0, w1, w2], got ",
-              num(weight.numel()), " (shape ", shape(weight.sizes()), ")");
+  // The README's shape, exactly: a (3, 1) weight would get a (3, 1) gradient, not the (3,) that
+  // optimizers and checkpoints of the modules expect.
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == 3, op, ": expected weight of shape [3] ([w0, w1, w2]), got ",
+              shape(weight.sizes()));
   TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(),
               ", got ", weight.device());
 }
@@ -93,8 +95,9 @@ void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {
   check_defined(op, "bias", bias);
   TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
               ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
-  TORCH_CHECK(bias.numel() == 1, op, ": expected bias to have 1 element (shape (1,) or ()), got ",
-              num(bias.numel()), " (shape ", shape(bias.sizes()), ")");
+  // [1] as the modules hold it, [] as Liger's does.
+  TORCH_CHECK(bias.dim() == 0 || (bias.dim() == 1 && bias.size(0) == 1), op,
+              ": expected bias of shape [1] or [] (one number), got ", shape(bias.sizes()));
   TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
               bias.device());
 }

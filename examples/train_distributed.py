@@ -6,7 +6,7 @@ Run with one process per device (``torchrun``); NCCL on CUDA, gloo on CPU::
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode fsdp
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode sp
 
-- ``ddp``: the byte-level LM of ``examples/lm_model.py`` (PolyNorm MLPs; by default the
+- ``ddp``: the byte-level LM of ``polynorm.lm.model`` (PolyNorm MLPs; by default the
   gated form, whose activation is the fused PolyNorm x mul, ``polynorm.FusedMulPolyNorm``) trained with
   ``DistributedDataParallel``, each rank on its share of the global batch, against the
   same model trained in one process on the whole global batch (every rank computes that
@@ -38,17 +38,13 @@ Exit status 0 when every check holds; rank 0 prints one line per check.
 import argparse
 import os
 import sys
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from lm_data import batch_starts, build_corpus, get_batch
-from lm_model import ModelConfig, TinyLM
-
 import polynorm
+from polynorm.lm.data import batch_starts, build_corpus, get_batch
+from polynorm.lm.model import ModelConfig, TinyLM
 
 PARAM_TOL = 1e-4  # parameters after the run
 GRAD_TOL = 1e-5  # gradients of one step

@@ -22,33 +22,15 @@ table and both agreement tables (the first two name the op each row's MLPs run),
 ``out/train``), and exits with status 1 when a backend disagrees, or when the loss does not
 fall. ``--help`` lists the options.
 
-The training code lives in ``examples/train_lm.py`` of the source tree (this needs the
-repository checkout, as with ``pip install -e .``).
+The training code is ``polynorm.lm.train`` (the model: ``polynorm.lm.model``; the text:
+``polynorm.lm.data``), part of every install.
 """
-
-import importlib.util
-import sys
-from pathlib import Path
-
-_EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def _load_train_lm():
-    path = _EXAMPLES / "train_lm.py"
-    if not path.is_file():
-        raise SystemExit(
-            f"python3 -m polynorm: expected the training example at {path}, found nothing; run it from a "
-            "checkout of the repository installed with `pip install -e .`"
-        )
-    spec = importlib.util.spec_from_file_location("polynorm_train_lm", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def main(argv=None) -> int:
-    return _load_train_lm().main(argv, prog="python3 -m polynorm")
+    from polynorm.lm.train import main as train_main
+
+    return train_main(argv, prog="python3 -m polynorm")
 
 
 if __name__ == "__main__":

@@ -159,8 +159,8 @@ def _check_x(op: str, x: Tensor, traced: bool) -> None:
 def _check_weight(op: str, x: Tensor, weight: Tensor, traced: bool) -> None:
     _check_float(op, "weight", weight)
     _require(
-        weight.numel() == 3,
-        lambda: f"{op}: expected weight to have 3 elements [w0, w1, w2], got {weight.numel()} (shape {list(weight.shape)})",
+        weight.dim() == 1 and weight.shape[0] == 3,
+        lambda: f"{op}: expected weight of shape [3] ([w0, w1, w2]), got {list(weight.shape)}",
         traced,
     )
     _check_same_device(op, x, weight=weight)
@@ -169,8 +169,8 @@ def _check_weight(op: str, x: Tensor, weight: Tensor, traced: bool) -> None:
 def _check_bias(op: str, x: Tensor, bias: Tensor, traced: bool) -> None:
     _check_float(op, "bias", bias)
     _require(
-        bias.numel() == 1,
-        lambda: f"{op}: expected bias to have 1 element (shape (1,) or ()), got {bias.numel()} (shape {list(bias.shape)})",
+        bias.dim() == 0 or (bias.dim() == 1 and bias.shape[0] == 1),
+        lambda: f"{op}: expected bias of shape [1] or [] (one number), got {list(bias.shape)}",
         traced,
     )
     _check_same_device(op, x, bias=bias)
@@ -206,8 +206,8 @@ def check_forward_args(op: str, x: Tensor, weight: Tensor, bias: Tensor, eps, *,
     """The C++ argument checks of ``polynorm::forward``, in Python: for the fake kernels, the
     Triton and reference paths.
 
-    x ``(..., H)`` of float32, float64, float16 or bfloat16 with H >= 1; weight of 3 elements
-    and bias of 1, of those dtypes; all on x's device; eps finite and >= 0.
+    x ``(..., H)`` of float32, float64, float16 or bfloat16 with H >= 1; weight ``(3,)`` and
+    bias ``(1,)`` or ``()``, of those dtypes; all on x's device; eps finite and >= 0.
 
     Args:
         traced: the caller is being traced by Dynamo (the reference path under
@@ -362,7 +362,7 @@ def register_autograd(forward_op: str, backward_op=None, *, by_backend: dict | N
     """Makes ``forward_op`` differentiable through ``backward_op`` (same schemas as the C++ ops).
 
     The backward honours ``needs_input_grad`` and returns each parameter's gradient in that
-    parameter's own dtype and shape (weight may be any shape of 3 elements, bias of 1):
+    parameter's own dtype and shape (weight ``(3,)``, bias ``(1,)`` or ``()``):
     ``backward_op`` gives both in the accumulation dtype (fp32, fp64 for fp64 x), rounded
     here once to each parameter's dtype. An x made under ``torch.inference_mode()`` cannot
     be saved for backward: it is copied once (see ``setup_context``).

@@ -222,7 +222,7 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
             several elements).
         ValueError: an unknown backend, or eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, x 0-d or with H = 0,
-            weight without 3 elements, bias without 1 element, tensors on different
+            weight not ``(3,)``, bias not ``(1,)`` or ``()``, tensors on different
             devices, backend ``"cuda"`` with x neither on a CUDA device nor on the meta
             device, or backend
             ``"triton"`` without the triton package or with CPU tensors outside the

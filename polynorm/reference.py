@@ -57,7 +57,7 @@ def poly_norm(
 
     Args:
         x: ``(..., H)`` tensor of float32, float64, float16 or bfloat16, H >= 1.
-        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes;
+        weight: ``(3,)`` ``[w0, w1, w2]``, any of those dtypes;
             w0 scales the cubic term.
         bias: ``(1,)`` or ``()``, any of those dtypes.
         eps: added to each mean square inside the square root; a real number (Python or
@@ -73,7 +73,7 @@ def poly_norm(
     Raises:
         TypeError: an argument not a tensor, or eps not a real number (a bool, a string).
         RuntimeError: x, weight or bias not float32/float64/float16/bfloat16, x 0-d or
-            with H = 0, weight without 3 elements, bias without 1 element, tensors on
+            with H = 0, weight not ``(3,)``, bias not ``(1,)`` or ``()``, tensors on
             different devices. The same checks and messages as the ops, naming
             ``polynorm.reference.poly_norm``.
         ValueError: eps negative, NaN or infinite.

@@ -987,7 +987,7 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
         x: ``(..., H)``, float32, float64, float16 or bfloat16, on a CUDA device (or the
             CPU under ``TRITON_INTERPRET=1``). Rows with unit last-dim stride and any
             row stride are read in place; other layouts are copied once.
-        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes.
+        weight: ``(3,)`` ``[w0, w1, w2]``, any of those dtypes.
         bias: ``(1,)`` or ``()``, any of those dtypes.
         eps: added to each mean square inside the square root; finite and >= 0.
 
@@ -999,7 +999,7 @@ def poly_norm_forward_triton(x: Tensor, weight: Tensor, bias: Tensor, eps: float
     Raises:
         ValueError: eps negative, NaN or infinite.
         RuntimeError: x not float32/float64/float16/bfloat16, 0-d or with H = 0; weight
-            not 3 elements or bias not 1 element, or of another dtype; tensors on
+            not ``(3,)`` or bias not ``(1,)`` or ``()``, or of another dtype; tensors on
             different devices; x on the CPU without the interpreter. Messages start
             ``polynorm.forward_triton:`` and give the expected and the actual value.
 
@@ -1063,7 +1063,7 @@ def poly_norm_mul_forward_triton(
             CPU under ``TRITON_INTERPRET=1``).
         mul: x's shape, dtype and device. x and mul each: rows with unit last-dim stride
             and any row stride are read in place; other layouts are copied once.
-        weight: ``(3,)`` (any shape of 3 elements) ``[w0, w1, w2]``, any of those dtypes.
+        weight: ``(3,)`` ``[w0, w1, w2]``, any of those dtypes.
         bias: ``(1,)`` or ``()``, any of those dtypes.
         eps: added to each mean square inside the square root; finite and >= 0.
 
@@ -1174,8 +1174,9 @@ def _forward_args_hold(x: Tensor, weight: Tensor, bias: Tensor, eps) -> bool:
         and bias.dtype in _FLOAT_DTYPES
         and x.dim() >= 1
         and x.shape[-1] >= 1
-        and weight.numel() == 3
+        and weight.shape == (3,)
         and bias.numel() == 1
+        and bias.dim() <= 1
         and weight.device == x.device
         and bias.device == x.device
     )

@@ -23,9 +23,9 @@ FORWARD_ERRORS = [
     ("int x", lambda x, w, b: (x.to(torch.int32), w, b, 1e-6), RuntimeError, "polynorm.forward: expected x to be float32, float64, float16 or bfloat16, got Int"),
     ("0-d x", lambda x, w, b: (x[0, 0], w, b, 1e-6), RuntimeError, "polynorm.forward: expected x to have at least 1 dimension"),
     ("H = 0", lambda x, w, b: (x[:, :0], w, b, 1e-6), RuntimeError, "polynorm.forward: expected x to have a last dimension H >= 1"),
-    ("weight numel", lambda x, w, b: (x, w[:2], b, 1e-6), RuntimeError, "polynorm.forward: expected weight to have 3 elements [w0, w1, w2], got 2"),
+    ("weight numel", lambda x, w, b: (x, w[:2], b, 1e-6), RuntimeError, "polynorm.forward: expected weight of shape [3] ([w0, w1, w2]), got [2]"),
     ("int weight", lambda x, w, b: (x, w.long(), b, 1e-6), RuntimeError, "polynorm.forward: expected weight to be float32, float64, float16 or bfloat16, got Long"),
-    ("bias numel", lambda x, w, b: (x, w, torch.cat([b, b]), 1e-6), RuntimeError, "polynorm.forward: expected bias to have 1 element (shape (1,) or ()), got 2"),
+    ("bias numel", lambda x, w, b: (x, w, torch.cat([b, b]), 1e-6), RuntimeError, "polynorm.forward: expected bias of shape [1] or [] (one number), got [2]"),
     ("negative eps", lambda x, w, b: (x, w, b, -1e-6), ValueError, "polynorm.forward: expected eps to be finite and >= 0, got -1e-06"),
     ("nan eps", lambda x, w, b: (x, w, b, float("nan")), ValueError, "polynorm.forward: expected eps to be finite and >= 0, got nan"),
     ("inf eps", lambda x, w, b: (x, w, b, float("inf")), ValueError, "polynorm.forward: expected eps to be finite and >= 0, got inf"),
@@ -53,7 +53,7 @@ BACKWARD_ERRORS = [
     ("grad_y dtype", lambda g, x, w, r: (g.double(), x, w, r), "polynorm.backward: expected grad_y to have x's dtype Float, got Double"),
     ("rstd shape", lambda g, x, w, r: (g, x, w, r[:3]), "polynorm.backward: expected rstd of shape [4, 3]"),
     ("rstd dtype", lambda g, x, w, r: (g, x, w, r.double()), "polynorm.backward: expected rstd of dtype Float for x of dtype Float, got Double"),
-    ("weight numel", lambda g, x, w, r: (g, x, w[:1], r), "polynorm.backward: expected weight to have 3 elements"),
+    ("weight numel", lambda g, x, w, r: (g, x, w[:1], r), "polynorm.backward: expected weight of shape [3] ([w0, w1, w2]), got [1]"),
 ]
 
 
@@ -104,7 +104,7 @@ def test_reference_backend_validates():
     x, w, b = _inputs("cpu")
     with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm: expected x to be float32, float64, float16 or bfloat16, got torch\.int32"):
         polynorm.poly_norm(x.int(), w, b, backend="reference")
-    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm: expected weight to have 3 elements \[w0, w1, w2\], got 4"):
+    with pytest.raises(RuntimeError, match=r"polynorm\.poly_norm: expected weight of shape \[3\] \(\[w0, w1, w2\]\), got \[4\]"):
         polynorm.poly_norm(x, torch.ones(4), b, backend="reference")
     with pytest.raises(ValueError, match=r"polynorm\.poly_norm: expected eps to be finite and >= 0, got -1"):
         polynorm.poly_norm(x, w, b, -1.0, backend="reference")
@@ -171,13 +171,81 @@ def test_double_backward_is_refused(device):
         gx.pow(2).sum().backward()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("shape", [(3,), (1, 3), (3, 1)])
-def test_weight_of_any_shape_with_3_elements(device, shape):
+# The README's shapes, exactly: weight (3,), bias (1,) or (); grouped weight [E, 3], bias [E] or
+# [E, 1]. Every other shape of as many elements is refused by every backend, the module's included.
+SHAPE_BACKENDS = [
+    ("cpu", "auto"), ("cpu", "reference"),
+    pytest.param("cpu", "triton", marks=[requires_triton, requires_interpreter]),
+    pytest.param("cuda", "cuda", marks=requires_cuda), pytest.param("cuda", "reference", marks=requires_cuda),
+    pytest.param("cuda", "triton", marks=[requires_triton, requires_cuda]),
+]
+
+
+def _shape_case(op, device, backend, w_shape, b_shape):
+    """Runs ``op`` (poly_norm, poly_norm_mul or poly_norm_grouped) with weight and bias of the
+    given shapes, forward and backward; returns the parameters' gradients."""
     x, w, b = _inputs(device)
-    w = w.reshape(shape).clone().requires_grad_()
-    polynorm.poly_norm(x, w, b).sum().backward()
-    assert w.grad.shape == shape
+    E = 3
+    if op == "grouped":
+        w = torch.randn(E, 3, device=device)
+        b = torch.randn(E, device=device)
+    w = w.reshape(w_shape).clone().requires_grad_()
+    b = b.reshape(b_shape).clone().requires_grad_()
+    x = x.requires_grad_()
+    if op == "poly_norm":
+        y = polynorm.poly_norm(x, w, b, backend=backend)
+    elif op == "poly_norm_mul":
+        y = polynorm.poly_norm_mul(x, torch.randn_like(x), w, b, backend=backend)
+    else:
+        y = polynorm.poly_norm_grouped(x, w, b, torch.tensor([1, 1, 3], device=device), backend=backend)
+    y.sum().backward()
+    return w.grad, b.grad
+
+
+@pytest.mark.parametrize(("device", "backend"), SHAPE_BACKENDS)
+@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
+@pytest.mark.parametrize(("w_shape", "b_shape"), [((3,), (1,)), ((3,), ())])
+def test_documented_param_shapes_are_accepted(device, backend, op, w_shape, b_shape):
+    gw, gb = _shape_case(op, device, backend, w_shape, b_shape)
+    assert gw.shape == w_shape and gb.shape == b_shape and gw.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("device", "backend"), SHAPE_BACKENDS)
+@pytest.mark.parametrize("b_shape", [(3,), (3, 1)])
+def test_documented_grouped_shapes_are_accepted(device, backend, b_shape):
+    gw, gb = _shape_case("grouped", device, backend, (3, 3), b_shape)
+    assert gw.shape == (3, 3) and gb.shape == b_shape and gw.abs().sum() > 0
+
+
+@pytest.mark.parametrize(("device", "backend"), SHAPE_BACKENDS)
+@pytest.mark.parametrize("op", ["poly_norm", "poly_norm_mul"])
+@pytest.mark.parametrize(("w_shape", "b_shape", "message"), [
+    ((3, 1), (1,), "expected weight of shape [3] ([w0, w1, w2]), got [3, 1]"),
+    ((1, 3), (1,), "expected weight of shape [3] ([w0, w1, w2]), got [1, 3]"),
+    ((3,), (1, 1), "expected bias of shape [1] or [] (one number), got [1, 1]"),
+])
+def test_other_param_shapes_are_refused(device, backend, op, w_shape, b_shape, message):
+    with pytest.raises(RuntimeError, match=r"^polynorm\.\w+: " + re.escape(message)):
+        _shape_case(op, device, backend, w_shape, b_shape)
+
+
+@pytest.mark.parametrize(("device", "backend"), SHAPE_BACKENDS)
+@pytest.mark.parametrize(("w_shape", "b_shape", "message"), [
+    ((9,), (3,), "expected weight of shape [E, 3] (one [w0, w1, w2] row per expert), got [9]"),
+    ((3, 3, 1), (3,), "expected weight of shape [E, 3] (one [w0, w1, w2] row per expert), got [3, 3, 1]"),
+    ((3, 3), (1, 3), "expected bias of shape [3] or [3, 1] (weight's E experts), got [1, 3]"),
+])
+def test_other_grouped_shapes_are_refused(device, backend, w_shape, b_shape, message):
+    with pytest.raises(RuntimeError, match=r"^polynorm\.\w+: " + re.escape(message)):
+        _shape_case("grouped", device, backend, w_shape, b_shape)
+
+
+def test_module_refuses_a_reshaped_weight():
+    act = polynorm.PolyNorm()
+    with torch.no_grad():
+        act.weight = torch.nn.Parameter(act.weight.reshape(3, 1).clone())
+    with pytest.raises(RuntimeError, match=re.escape("expected weight of shape [3] ([w0, w1, w2]), got [3, 1]")):
+        act(torch.randn(2, 8))
 
 
 def test_unknown_backend():

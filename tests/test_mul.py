@@ -403,8 +403,8 @@ FORWARD_ERRORS = [
     ("mul dtype", lambda x, m, w, b: (x, m.double(), w, b, 1e-6), RuntimeError, "expected mul to have x's dtype"),
     ("int x", lambda x, m, w, b: (x.int(), m.int(), w, b, 1e-6), RuntimeError, "expected x to be float32, float64, float16 or bfloat16, got"),
     ("H = 0", lambda x, m, w, b: (x[:, :0], m[:, :0], w, b, 1e-6), RuntimeError, "expected x to have a last dimension H >= 1"),
-    ("weight numel", lambda x, m, w, b: (x, m, w[:2], b, 1e-6), RuntimeError, "expected weight to have 3 elements [w0, w1, w2], got 2"),
-    ("bias numel", lambda x, m, w, b: (x, m, w, torch.cat([b, b]), 1e-6), RuntimeError, "expected bias to have 1 element (shape (1,) or ()), got 2"),
+    ("weight numel", lambda x, m, w, b: (x, m, w[:2], b, 1e-6), RuntimeError, "expected weight of shape [3] ([w0, w1, w2]), got [2]"),
+    ("bias numel", lambda x, m, w, b: (x, m, w, torch.cat([b, b]), 1e-6), RuntimeError, "expected bias of shape [1] or [] (one number), got [2]"),
     ("negative eps", lambda x, m, w, b: (x, m, w, b, -1e-6), ValueError, "expected eps to be finite and >= 0, got -1e-06"),
     ("nan eps", lambda x, m, w, b: (x, m, w, b, float("nan")), ValueError, "expected eps to be finite and >= 0, got nan"),
 ]
@@ -444,8 +444,8 @@ BACKWARD_ERRORS = [
     ("mul dtype", lambda g, x, m, w, b, r: (g, x, m.half(), w, b, r), "expected mul to have x's dtype"),
     ("rstd shape", lambda g, x, m, w, b, r: (g, x, m, w, b, r[:3]), "expected rstd of shape [4, 3]"),
     ("rstd dtype", lambda g, x, m, w, b, r: (g, x, m, w, b, r.double()), "expected rstd of dtype"),
-    ("weight numel", lambda g, x, m, w, b, r: (g, x, m, w[:1], b, r), "expected weight to have 3 elements"),
-    ("bias numel", lambda g, x, m, w, b, r: (g, x, m, w, torch.zeros(2), r), "expected bias to have 1 element (shape (1,) or ()), got 2"),
+    ("weight numel", lambda g, x, m, w, b, r: (g, x, m, w[:1], b, r), "expected weight of shape [3] ([w0, w1, w2]), got [1]"),
+    ("bias numel", lambda g, x, m, w, b, r: (g, x, m, w, torch.zeros(2), r), "expected bias of shape [1] or [] (one number), got [2]"),
 ]
 
 

@@ -46,11 +46,12 @@ def test_readme_python_block_runs_as_pasted(tmp_path, block):
 
 
 def test_ci_runs_the_readme_install_commands():
-    # .ci/run adds -q (and --no-deps, the requirements being installed first); otherwise as written.
+    # .ci/run adds -q to the requirements' install (and --no-deps to the build, the requirements
+    # being installed first); otherwise as written, the build with -v: its progress in the log.
     commands = _commands_after("## Install")
     assert commands == [
         "python3 -m pip install -r requirements.txt",
-        "python3 -m pip install -e . --no-build-isolation",
+        "python3 -m pip install -v -e . --no-build-isolation",
     ], commands
     quiet = [line.replace(" -q", "").replace(" --no-deps", "").strip() for line in CI]
     for command in commands:

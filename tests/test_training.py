@@ -1,6 +1,6 @@
 """Real input: a small PolyNorm language model trained on the Python stdlib, every backend against the reference.
 
-``examples/train_lm.py`` trains the same byte-level transformer (PolyNorm MLPs in the PolyCom
+``polynorm.lm.train`` (the main job, ``python3 -m polynorm``) trains the same byte-level transformer (PolyNorm MLPs in the PolyCom
 and the gated form; Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884) and
 compares the backends in lock-step (every step's loss and gradients on the reference's
 parameters, bounded by the float64 reference's deviation) and free-running (each backend's
@@ -37,11 +37,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import polynorm
 from _matrix import HAS_TRITON, INTERPRET, requires_cuda
 
+from polynorm.lm import data as lm_data
+from polynorm.lm import model as lm_model
+from polynorm.lm import train as train_lm
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "examples"))
-import lm_data  # noqa: E402
-import lm_model  # noqa: E402
-import train_lm  # noqa: E402
 
 FORMS = ["polycom", "gated"]
 PRECISIONS = ["fp32", "bf16"]

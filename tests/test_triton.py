@@ -203,9 +203,9 @@ def test_errors(device):
         (fwd, (x.int(), w, b, 1e-6), RuntimeError, "x to be float32, float64, float16 or bfloat16, got torch.int32"),
         (fwd, (torch.tensor(1.0, device=device), w, b, 1e-6), RuntimeError, "got a 0-d tensor"),
         (fwd, (torch.randn(4, 0, device=device), w, b, 1e-6), RuntimeError, "H >= 1, got shape [4, 0]"),
-        (fwd, (x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "3 elements [w0, w1, w2], got 4"),
+        (fwd, (x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "weight of shape [3] ([w0, w1, w2]), got [4]"),
         (fwd, (x, w.int(), b, 1e-6), RuntimeError, "expected weight to be float32"),
-        (fwd, (x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (fwd, (x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "bias of shape [1] or [] (one number), got [2]"),
         (fwd, (x, w, b.int(), 1e-6), RuntimeError, "expected bias to be float32"),
         (fwd, (x, w, b, -1.0), ValueError, "finite and >= 0, got -1.0"),
         (fwd, (x, w, b, float("nan")), ValueError, "finite and >= 0, got nan"),
@@ -214,7 +214,7 @@ def test_errors(device):
         (bwd, (x.double(), x, w, r), RuntimeError, "x's dtype torch.float32, got torch.float64"),
         (bwd, (x, x, w, torch.ones(5, 3, device=device)), RuntimeError, "rstd of shape [4, 3]"),
         (bwd, (x, x, w, r.double()), RuntimeError, "rstd of dtype torch.float32 for x of dtype torch.float32"),
-        (bwd, (x, x, torch.randn(2, device=device), r), RuntimeError, "3 elements"),
+        (bwd, (x, x, torch.randn(2, device=device), r), RuntimeError, "weight of shape [3] ([w0, w1, w2]), got [2]"),
     ]
     if device == "cuda":
         cases += [
@@ -264,7 +264,7 @@ def test_backward_checks_a_swapped_saved_tensor(device):
     x, g, w, b = _inputs("swapped", 4, 8, torch.float32, device)
     swaps = [
         ("x", torch.randn(4, 9, device=device), "expected grad_y to have x's shape [4, 9], got [4, 8]"),
-        ("weight", torch.randn(2, device=device), "expected weight to have 3 elements [w0, w1, w2], got 2"),
+        ("weight", torch.randn(2, device=device), "expected weight of shape [3] ([w0, w1, w2]), got [2]"),
     ]
     for name, new, text in swaps:
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -849,14 +849,14 @@ def test_mul_errors(device):
         (MUL_FWD, (x, x[:, :7], w, b, 1e-6), RuntimeError, "mul to have x's shape [4, 8], got [4, 7]"),
         (MUL_FWD, (x, x.double(), w, b, 1e-6), RuntimeError, "mul to have x's dtype torch.float32, got torch.float64"),
         (MUL_FWD, (x.int(), x.int(), w, b, 1e-6), RuntimeError, "x to be float32, float64, float16 or bfloat16"),
-        (MUL_FWD, (x, x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "3 elements [w0, w1, w2], got 4"),
-        (MUL_FWD, (x, x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (MUL_FWD, (x, x, torch.randn(4, device=device), b, 1e-6), RuntimeError, "weight of shape [3] ([w0, w1, w2]), got [4]"),
+        (MUL_FWD, (x, x, w, torch.randn(2, device=device), 1e-6), RuntimeError, "bias of shape [1] or [] (one number), got [2]"),
         (MUL_FWD, (x, x, w, b, -1.0), ValueError, "finite and >= 0, got -1.0"),
         (MUL_BWD, (x, x, x[:, :7], w, b, r), RuntimeError, "mul to have x's shape [4, 8], got [4, 7]"),
         (MUL_BWD, (x, x, x.half(), w, b, r), RuntimeError, "mul to have x's dtype torch.float32, got torch.float16"),
         (MUL_BWD, (x.double(), x, x, w, b, r), RuntimeError, "grad_out to have x's dtype torch.float32, got torch.float64"),
         (MUL_BWD, (x[:, :7], x, x, w, b, r), RuntimeError, "grad_out to have x's shape [4, 8], got [4, 7]"),
-        (MUL_BWD, (x, x, x, w, torch.randn(2, device=device), r), RuntimeError, "1 element (shape (1,) or ()), got 2"),
+        (MUL_BWD, (x, x, x, w, torch.randn(2, device=device), r), RuntimeError, "bias of shape [1] or [] (one number), got [2]"),
         (MUL_BWD, (x, x, x, w, b.int(), r), RuntimeError, "expected bias to be float32"),
         (MUL_BWD, (x, x, x, w, b, torch.ones(5, 3, device=device)), RuntimeError, "rstd of shape [4, 3]"),
     ]

@@ -104,7 +104,7 @@ void launch_param_sum(const ParamGrads<acc_t>& pg, int64_t blocks, cudaStream_t 
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
   config.attrs = &attribute;
-  config.numAttrs = device_launches_clusters() && param_sum_waits<acc_t>() ? 1 : 0;  // sm_90 code on sm_90
+  config.numAttrs = device_launches_clusters() && param_sum_waits<acc_t>() ? 1 : 0;  // sm_90 code on sm_90 and later
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, &param_sum_kernel<acc_t>, pg, blocks));
 }
 

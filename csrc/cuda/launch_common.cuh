@@ -52,7 +52,15 @@ ParamRef param_ref(const at::Tensor& t) {
   return {t.const_data_ptr(), flat.stride(0), t.scalar_type()};
 }
 
-// Whether the current device launches thread-block clusters (sm_90 and later), cached.
+// An empty kernel of this translation unit: its attributes say for which virtual architecture the
+// code that runs on the current device was compiled (ptxVersion: __CUDA_ARCH__ / 10), as CUB's
+// PtxVersion reads it.
+__global__ void arch_probe_kernel() {}
+
+// Whether the current device launches thread-block clusters (sm_90 and later) and the code that
+// runs there has them, cached per device. The cluster reductions and griddepcontrol are compiled
+// only for __CUDA_ARCH__ >= 900 (reduce.cuh): a build of older code (compute_80 PTX, JIT compiled
+// on an H100) runs every row on one CTA, as on an A100.
 bool device_launches_clusters() {
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
@@ -63,8 +71,11 @@ bool device_launches_clusters() {
   if (it != cache.end()) return it->second;
   int value = 0;
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrClusterLaunch, device));
-  cache.emplace(device, value != 0);
-  return value != 0;
+  cudaFuncAttributes probe{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&probe, &arch_probe_kernel));
+  const bool clusters = value != 0 && probe.ptxVersion >= 90;
+  cache.emplace(device, clusters);
+  return clusters;
 }
 
 // launch_plan.h's plan of this launch, on this device (clusters where it launches them and the

@@ -67,7 +67,7 @@ def build_corpus(max_bytes: int, val_fraction: float = 0.1, seed: int = 0, root:
     root = Path(root or sysconfig.get_paths()["stdlib"])
     files = stdlib_files(root)
     if not files:
-        raise RuntimeError(f"lm_data.build_corpus: expected *.py files under {root}, found none")
+        raise RuntimeError(f"polynorm.lm.data.build_corpus: expected *.py files under {root}, found none")
     order = torch.randperm(len(files), generator=torch.Generator().manual_seed(seed)).tolist()
     budgets = {"val": int(max_bytes * val_fraction), "train": max_bytes - int(max_bytes * val_fraction)}
     chunks: dict[str, list[bytes]] = {"val": [], "train": []}
@@ -96,7 +96,7 @@ def build_corpus(max_bytes: int, val_fraction: float = 0.1, seed: int = 0, root:
 def batch_starts(n_tokens: int, seq_len: int, batch_size: int, steps: int, seed: int) -> Tensor:
     """``(steps, batch_size)`` int64 window starts, drawn once from a fixed-seed generator."""
     if n_tokens < seq_len + 2:
-        raise ValueError(f"lm_data.batch_starts: expected at least {seq_len + 2} tokens, got {n_tokens}")
+        raise ValueError(f"polynorm.lm.data.batch_starts: expected at least {seq_len + 2} tokens, got {n_tokens}")
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, n_tokens - seq_len, (steps, batch_size), generator=gen)
 
