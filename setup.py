@@ -61,13 +61,14 @@ def _cuda_include_dirs() -> list[str]:
     return dirs
 
 
-CUDA_SOURCES = [f"{CSRC}/cuda/forward.cu", f"{CSRC}/cuda/backward.cu"]
+CUDA_SOURCES = [f"{CSRC}/cuda/forward.cu", f"{CSRC}/cuda/backward.cu", f"{CSRC}/cuda/sharded.cu"]
 CPP_SOURCES = [
     f"{CSRC}/ops.cpp",
     f"{CSRC}/plan_ops.cpp",
     f"{CSRC}/autograd.cpp",
     f"{CSRC}/polynorm_cpu.cpp",
     f"{CSRC}/polynorm_grouped_cpu.cpp",
+    f"{CSRC}/sharded_cpu.cpp",
     f"{CSRC}/python_module.cpp",
 ]
 

@@ -11,12 +11,16 @@ The gated MLP's fused PolyNorm x mul, ``out = poly_norm(x) * mul``, is
 
 Importing this package loads the compiled library, which registers
 ``torch.ops.polynorm.forward`` and ``backward``, and ``mul_forward`` and ``mul_backward``.
+
+Tensor parallelism (the hidden dimension sharded over a process group, one all-reduce of
+``[M, 3]`` sums a direction) is :mod:`polynorm.tp`; a DTensor sharded on its last dimension
+takes that path through :func:`poly_norm` and :func:`poly_norm_mul`.
 """
 
 import torch
 
 from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
-from polynorm import reference
+from polynorm import reference, tp
 from polynorm.module import FusedMulPolyNorm, PolyNorm
 from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
@@ -35,5 +39,6 @@ __all__ = [
     "poly_norm_grouped",
     "poly_norm_mul",
     "reference",
+    "tp",
 ]
 __version__ = "0.1.0"

@@ -66,6 +66,36 @@ def _mul_backward_fake(
     return grad_x, torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_weight, grad_bias
 
 
+# The sharded passes of tensor parallelism (polynorm/tp.py; csrc/ops.cpp has the schemas).
+def _shard_rows(x: Tensor) -> int:
+    M = 1
+    for n in x.shape[:-1]:
+        M *= n
+    return M
+
+
+@torch.library.register_fake("polynorm::sharded_forward_stats")
+def _sharded_forward_stats_fake(x: Tensor) -> Tensor:
+    return x.new_empty((_shard_rows(x), 3), dtype=rstd_dtype(x.dtype))
+
+
+@torch.library.register_fake("polynorm::sharded_forward_apply")
+def _sharded_forward_apply_fake(x, mul, sums, weight, bias, hidden_size, eps=1e-6) -> tuple[Tensor, Tensor]:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(sums.shape, dtype=rstd_dtype(x.dtype))
+
+
+@torch.library.register_fake("polynorm::sharded_backward_stats")
+def _sharded_backward_stats_fake(grad_out, x, mul, rstd) -> tuple[Tensor, Tensor, Tensor]:
+    acc = rstd_dtype(x.dtype)
+    return x.new_empty((_shard_rows(x), 3), dtype=acc), x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
+
+
+@torch.library.register_fake("polynorm::sharded_backward_apply")
+def _sharded_backward_apply_fake(grad_out, x, mul, weight, bias, rstd, sums, hidden_size) -> tuple[Tensor, Tensor]:
+    grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device) if mul is not None else x.new_empty(0)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_mul
+
+
 # polynorm::forward and mul_forward are differentiable through their C++ autograd kernels
 # (csrc/autograd.cpp); their backward ops are not.
 refuse_double_backward(torch.ops.polynorm.backward.default)
