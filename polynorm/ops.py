@@ -28,7 +28,18 @@ except ImportError as _error:  # Triton is optional: every other backend works w
     _triton_kernels = None
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
+if torch.distributed.is_available():  # a DTensor x sharded on its last dimension: polynorm.tp
+    from polynorm._sharding import shards_hidden as _shards_hidden
+    from polynorm._sharding import sharded_poly_norm as _sharded_poly_norm
+else:
+    _shards_hidden = _sharded_poly_norm = None
+
 __all__ = ["poly_norm", "poly_norm_mul", "BACKENDS"]
+
+
+def _tp_backend(backend: str) -> str:
+    # polynorm.tp's backends: "cuda" is its "auto" (the C++ ops dispatch by device).
+    return "auto" if backend == "cuda" else backend
 
 BACKENDS = ("auto", "cuda", "triton", "reference")
 
@@ -261,6 +272,8 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    if type(x) is not Tensor and _shards_hidden is not None and _shards_hidden(x):  # tensor parallelism
+        return _sharded_poly_norm("polynorm.poly_norm", x, None, weight, bias, eps, _tp_backend(backend))
     if type(eps) is not float:  # the common case, a Python float, goes straight to the op
         eps = eps_operand("polynorm.poly_norm", eps)
     if backend == "reference":
@@ -341,6 +354,8 @@ def poly_norm_mul(
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    if type(x) is not Tensor and _shards_hidden is not None and _shards_hidden(x):  # tensor parallelism
+        return _sharded_poly_norm("polynorm.poly_norm_mul", x, mul, weight, bias, eps, _tp_backend(backend))
     if type(eps) is not float:  # the common case, a Python float, goes straight to the op
         eps = eps_operand("polynorm.poly_norm_mul", eps)
     if backend == "reference":
