@@ -20,6 +20,8 @@
 #   mul_bench    bench/bench.py --op poly_norm_mul --quick, ~1.5 min
 #   grouped      bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
 #   triton_host  bench/triton_host.py: where the Triton backend's host time goes, ~1 min
+#   tp           bench/tp_timing.py (the sharded passes of tensor parallelism against their floors and the
+#                unsharded op, ~2 min), then tests/test_tp.py's GPU cases (2 processes on one GPU, gloo)
 # A stage with many output files packs them as one .tgz: the device tool returns a limited number
 # of files. liger-kernel, when wanted, comes as a wheel in .whl/.
 set -uo pipefail
@@ -101,6 +103,11 @@ for stage in "${stages[@]}"; do
       echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
     grouped)
       timeout 200 python3 bench/grouped_timing.py --out "$OUT/grouped_timing.json" 2>&1 | tee "$OUT/grouped_timing.log" ;;
+    tp)
+      timeout 240 python3 bench/tp_timing.py --log "$OUT/tp_timing.log" > "$OUT/tp_timing.out" 2>&1
+      echo "tp timing rc=$?"; tail -1 "$OUT/tp_timing.out"
+      timeout 300 python3 -m pytest tests/test_tp.py -q -ra -p no:cacheprovider -k "cuda or gpu" \
+        > "$OUT/tests_tp.log" 2>&1; echo "pytest tp rc=$?"; tail -1 "$OUT/tests_tp.log" ;;
     triton_host)
       timeout 150 python3 bench/triton_host.py > "$OUT/triton_host.log" 2>&1; echo "triton_host rc=$?" ;;
     *)
