@@ -169,6 +169,28 @@ def test_one_shard_is_the_unsharded_cpu_op_bitwise(dtype):
         assert torch.equal(dx, want_dx) and torch.equal(gw, want_gw) and torch.equal(gb, want_gb)
 
 
+@pytest.mark.parametrize("backend,device", KERNEL_BACKENDS)
+@pytest.mark.parametrize("H_shard", [0, 37])
+def test_opcheck(backend, device, H_shard):
+    # Schemas, fake kernels (shape inference under torch.compile) and, for the C++ ops, AOT
+    # dispatch with dynamic shapes. The interpreter cannot run on fake tensors: its ops are opaque
+    # custom ops, checked without the AOT test, as the other Triton ops are under it.
+    gen = torch.Generator().manual_seed(H_shard)
+    x = torch.randn(3, 2, H_shard, generator=gen).to(device)
+    mul, g = torch.randn(x.shape, generator=gen).to(device), torch.randn(x.shape, generator=gen).to(device)
+    w, b = torch.tensor([0.7, -0.4, 0.9], device=device), torch.tensor([0.1], device=device)
+    fwd_stats, fwd_apply, bwd_stats, bwd_apply = _passes(backend)
+    utils = ("test_schema", "test_faketensor") if backend == "triton" and device == "cpu" else None
+    kwargs = {} if utils is None else {"test_utils": utils}
+    sums = fwd_stats(x) + 1.0
+    torch.library.opcheck(fwd_stats.default, (x,), **kwargs)
+    for m in (None, mul):
+        torch.library.opcheck(fwd_apply.default, (x, m, sums, w, b, 64, 1e-6), **kwargs)
+        rstd = fwd_apply(x, m, sums, w, b, 64, 1e-6)[1]
+        torch.library.opcheck(bwd_stats.default, (g, x, m, rstd), **kwargs)
+        torch.library.opcheck(bwd_apply.default, (g, x, m, w, b, rstd, sums, 64), **kwargs)
+
+
 def test_errors_name_the_op():
     x = torch.randn(4, 8)
     with pytest.raises(RuntimeError, match=r"polynorm.sharded_forward_apply: expected sums of shape \[4, 3\]"):
@@ -256,6 +278,7 @@ def _check_dtensor(rank, world, device, backend, dtype):
     # 2, 2, 2, 1; H = 3 is 1, 1, 1, 0): polynorm.poly_norm and poly_norm_mul take polynorm.tp.
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.debug import CommDebugMode
 
     mesh = init_device_mesh(device, (world,))
     for H in (7, 3):
@@ -272,9 +295,16 @@ def _check_dtensor(rank, world, device, backend, dtype):
             b = distribute_tensor(b_full, mesh, [Replicate()]).requires_grad_()
             inputs = (x, mul, w, b) if with_mul else (x, w, b)
             fn = polynorm.poly_norm_mul if with_mul else polynorm.poly_norm
-            out = fn(*inputs, backend=backend)
-            grads = torch.autograd.grad(out, inputs, distribute_tensor(g_full, mesh, [Shard(1)]))
+            g = distribute_tensor(g_full, mesh, [Shard(1)])
+            with CommDebugMode() as comm_fwd:
+                out = fn(*inputs, backend=backend)
+            with CommDebugMode() as comm_bwd:
+                grads = torch.autograd.grad(out, inputs, g)
             where = f"DTensor {backend} {dtype} H={H}{' mul' if with_mul else ''}"
+            # One all-reduce of the [M, 3] sums each way, and no gather of x.
+            for what, comm in (("forward", comm_fwd), ("backward", comm_bwd)):
+                counts = {str(op): n for op, n in comm.get_comm_counts().items()}
+                assert comm.get_total_counts() == 1 and "allreduce" in next(iter(counts)), f"{where}: {what} {counts}"
             assert out.placements == (Shard(1),) and grads[0].placements == (Shard(1),), where
             assert grads[-2].placements == (Partial(),) and grads[-1].placements == (Partial(),), where
             tol = tolerance(dtype, H, world)
