@@ -14,7 +14,7 @@
 #   ncu          an Nsight Compute profile of the CUDA kernels at H = 5125 (NCU_H), ~1 min
 #   train        the main job, python3 -m polynorm (default GPU preset), ~5 min
 #   suite        the whole test suite, pytest-xdist workers sized from the GPU's free memory, --durations=15
-#   dist         the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
+#   dist         the four torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
 #   bench        bench/bench.py --quick (JSON, PNGs, summary), ~1 min
 #   sweep        bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
 #   mul_bench    bench/bench.py --op poly_norm_mul --quick, ~1.5 min
@@ -82,7 +82,7 @@ for stage in "${stages[@]}"; do
       grep -E "\] (FAILED|ERROR) |^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
     dist)
       # The suite's test_distributed.py runs these too; here each one's output is kept.
-      for mode in ddp fsdp sp; do
+      for mode in ddp fsdp sp tp; do
         for backend in cuda triton; do
           timeout 120 torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode $mode --backend $backend \
             > "$OUT/torchrun_${mode}_${backend}.log" 2>&1 &

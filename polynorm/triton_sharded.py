@@ -361,8 +361,7 @@ def sharded_backward_stats_triton(
                 g_rows, g_row_stride, mul_rows, mul_row_stride, x_rows, x_row_stride, rstd_c, sums, terms, M, H,
                 BLOCK_M=block_m, BLOCK_H=block_h, HAS_MUL=mul is not None, num_warps=_NUM_WARPS,
             )  # fmt: skip
-    total = terms.sum(0)
-    return sums, total[:3].clone(), total[3:].clone()
+    return sums, terms[:, :3].sum(0), terms[:, 3:].sum(0)
 
 
 @_op(

@@ -7,7 +7,6 @@
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/sum.h>
 #include <c10/cuda/CUDAException.h>
@@ -69,9 +68,11 @@ bool packs_aligned(int64_t H, int vec, int elem_size, std::initializer_list<std:
   return true;
 }
 
-// [w0, w1, w2, b] in the accumulation dtype, on the device: no host synchronisation.
-at::Tensor params_of(const at::Tensor& weight, const at::Tensor& bias, at::ScalarType acc) {
-  return at::cat({weight.reshape({3}).to(acc), bias.reshape({1}).to(acc)});
+// A parameter read in place by the kernels (numel 1 or 3; a flat view's stride steps between
+// elements): no conversion kernel before the launch.
+ParamRef shard_param(const at::Tensor& t) {
+  const at::Tensor flat = t.reshape({t.numel()});
+  return {flat.const_data_ptr(), flat.stride(0), t.scalar_type()};
 }
 
 void check_cuda(const char* op, const at::Tensor& x) {
@@ -131,7 +132,6 @@ std::tuple<at::Tensor, at::Tensor> sharded_forward_apply_cuda(const at::Tensor& 
   const ShardRows xr = shard_rows_of(x);
   const ShardRows mr = mul.has_value() ? shard_rows_of(*mul) : xr;
   const at::Tensor sums_c = sums.contiguous();
-  const at::Tensor params = params_of(weight, bias, acc_dtype);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     constexpr int kVecMax = 16 / sizeof(scalar_t);
@@ -149,7 +149,7 @@ std::tuple<at::Tensor, at::Tensor> sharded_forward_apply_cuda(const at::Tensor& 
       const auto launch = [&](auto kernel) {
         kernel<<<blocks, threads, 0, stream>>>(xr.tensor.const_data_ptr<scalar_t>(), xr.row_stride,
                                                mr.tensor.const_data_ptr<scalar_t>(), mr.row_stride,
-                                               sums_c.const_data_ptr<acc_t>(), params.const_data_ptr<acc_t>(),
+                                               sums_c.const_data_ptr<acc_t>(), shard_param(weight), shard_param(bias),
                                                out.mutable_data_ptr<scalar_t>(), rstd.mutable_data_ptr<acc_t>(), M,
                                                H, inv_h, static_cast<acc_t>(eps), geo.G);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -212,8 +212,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_backward_stats_cuda(const
       });
     });
   }
-  const at::Tensor total = at::sum(terms, {0});
-  return {sums, total.narrow(0, 0, 3).clone(), total.narrow(0, 3, 1).clone()};
+  return {sums, at::sum(terms.narrow(1, 0, 3), {0}), at::sum(terms.narrow(1, 3, 1), {0})};
 }
 
 std::tuple<at::Tensor, at::Tensor> sharded_backward_apply_cuda(const at::Tensor& grad_out, const at::Tensor& x,
@@ -226,7 +225,6 @@ std::tuple<at::Tensor, at::Tensor> sharded_backward_apply_cuda(const at::Tensor&
   check_cuda(op, x);
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   const int64_t H = x.size(-1);
-  const auto acc_dtype = opmath_dtype(x.scalar_type());
   const auto like_x = x.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor grad_x = at::empty(x.sizes(), like_x);
   at::Tensor grad_mul = mul.has_value() ? at::empty(x.sizes(), like_x) : at::empty({0}, x.options());
@@ -236,7 +234,6 @@ std::tuple<at::Tensor, at::Tensor> sharded_backward_apply_cuda(const at::Tensor&
   const ShardRows mr = mul.has_value() ? shard_rows_of(*mul) : xr;
   const at::Tensor rstd_c = rstd.contiguous();
   const at::Tensor sums_c = sums.contiguous();
-  const at::Tensor params = params_of(weight, bias, acc_dtype);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), op, [&] {
     using acc_t = at::opmath_type<scalar_t>;
     constexpr int kVecMax = 16 / sizeof(scalar_t);
@@ -257,7 +254,7 @@ std::tuple<at::Tensor, at::Tensor> sharded_backward_apply_cuda(const at::Tensor&
         kernel<<<blocks, threads, 0, stream>>>(
             gr.tensor.const_data_ptr<scalar_t>(), gr.row_stride, xr.tensor.const_data_ptr<scalar_t>(), xr.row_stride,
             mr.tensor.const_data_ptr<scalar_t>(), mr.row_stride, rstd_c.const_data_ptr<acc_t>(),
-            sums_c.const_data_ptr<acc_t>(), params.const_data_ptr<acc_t>(), grad_x.mutable_data_ptr<scalar_t>(),
+            sums_c.const_data_ptr<acc_t>(), shard_param(weight), shard_param(bias), grad_x.mutable_data_ptr<scalar_t>(),
             mul.has_value() ? grad_mul.mutable_data_ptr<scalar_t>() : nullptr, M, H, inv_h, geo.G);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       };

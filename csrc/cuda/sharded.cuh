@@ -10,6 +10,7 @@
 // pointer is formed from the row index with 64-bit offsets. The math is polynorm_math.h's.
 #pragma once
 
+#include "packs.cuh"
 #include "polynorm_math.h"
 
 #include <cstdint>
@@ -24,14 +25,14 @@ struct alignas(sizeof(scalar_t) * kVec) ShardPack {
 
 // Pack i (elements i kVec .. i kVec + kVec - 1) of a row, in acc_t.
 template <int kVec, typename scalar_t, typename acc_t>
-__device__ __forceinline__ void load_pack(const scalar_t* row, int64_t i, acc_t (&out)[kVec]) {
+__device__ __forceinline__ void load_shard_pack(const scalar_t* row, int64_t i, acc_t (&out)[kVec]) {
   const ShardPack<scalar_t, kVec> p = reinterpret_cast<const ShardPack<scalar_t, kVec>*>(row)[i];
 #pragma unroll
   for (int e = 0; e < kVec; ++e) out[e] = static_cast<acc_t>(p.v[e]);
 }
 
 template <int kVec, typename scalar_t, typename acc_t>
-__device__ __forceinline__ void store_pack(scalar_t* row, int64_t i, const acc_t (&in)[kVec]) {
+__device__ __forceinline__ void store_shard_pack(scalar_t* row, int64_t i, const acc_t (&in)[kVec]) {
   ShardPack<scalar_t, kVec> p;
 #pragma unroll
   for (int e = 0; e < kVec; ++e) p.v[e] = static_cast<scalar_t>(in[e]);
@@ -89,7 +90,7 @@ __global__ void poly_norm_sharded_fwd_stats_kernel(const scalar_t* __restrict__ 
     const scalar_t* x_row = x + sl.row * x_stride;
     for (int64_t i = sl.lane; i < H / kVec; i += G) {
       acc_t v[kVec];
-      load_pack<kVec>(x_row, i, v);
+      load_shard_pack<kVec>(x_row, i, v);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) add_row_sums(s, v[e]);
     }
@@ -109,7 +110,8 @@ __global__ void poly_norm_sharded_fwd_apply_kernel(const scalar_t* __restrict__ 
                                                    const scalar_t* __restrict__ mul,  // [M, H_shard] with kMul
                                                    int64_t mul_stride,
                                                    const acc_t* __restrict__ sums,  // [M, 3] over every shard
-                                                   const acc_t* __restrict__ params,  // [w0, w1, w2, b]
+                                                   ParamRef weight,  // (3,) any float dtype: [w0, w1, w2]
+                                                   ParamRef bias,  // (1,) any float dtype
                                                    scalar_t* __restrict__ out,  // [M, H_shard] contiguous
                                                    acc_t* __restrict__ rstd,  // [M, 3]
                                                    int64_t M, int64_t H, acc_t inv_h, acc_t eps, int G) {
@@ -123,22 +125,24 @@ __global__ void poly_norm_sharded_fwd_apply_kernel(const scalar_t* __restrict__ 
     rstd[sl.row * 3 + 1] = r2;
     rstd[sl.row * 3 + 2] = r1;
   }
-  const HornerCoeffs<acc_t> a = forward_coeffs(params[0], params[1], params[2], r3, r2, r1);
-  const acc_t b = params[3];
+  // The parameters, read on the device in their own dtype: no host synchronisation.
+  const HornerCoeffs<acc_t> a = forward_coeffs(load_param<acc_t>(weight, 0), load_param<acc_t>(weight, 1),
+                                               load_param<acc_t>(weight, 2), r3, r2, r1);
+  const acc_t b = load_param<acc_t>(bias, 0);
   const scalar_t* x_row = x + sl.row * x_stride;
   const scalar_t* mul_row = kMul ? mul + sl.row * mul_stride : nullptr;
   scalar_t* out_row = out + sl.row * H;
   for (int64_t i = sl.lane; i < H / kVec; i += G) {
     acc_t v[kVec];
-    load_pack<kVec>(x_row, i, v);
+    load_shard_pack<kVec>(x_row, i, v);
     acc_t m[kVec];
-    if constexpr (kMul) load_pack<kVec>(mul_row, i, m);
+    if constexpr (kMul) load_shard_pack<kVec>(mul_row, i, m);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       v[e] = poly_value(v[e], a, b);
       if constexpr (kMul) v[e] *= m[e];
     }
-    store_pack<kVec>(out_row, i, v);
+    store_shard_pack<kVec>(out_row, i, v);
   }
 }
 
@@ -164,9 +168,9 @@ __global__ void poly_norm_sharded_bwd_stats_kernel(const scalar_t* __restrict__ 
     const scalar_t* mul_row = kMul ? mul + sl.row * mul_stride : nullptr;
     for (int64_t i = sl.lane; i < H / kVec; i += G) {
       acc_t xv[kVec], gv[kVec], mv[kVec];
-      load_pack<kVec>(x_row, i, xv);
-      load_pack<kVec>(g_row, i, gv);
-      if constexpr (kMul) load_pack<kVec>(mul_row, i, mv);
+      load_shard_pack<kVec>(x_row, i, xv);
+      load_shard_pack<kVec>(g_row, i, gv);
+      if constexpr (kMul) load_shard_pack<kVec>(mul_row, i, mv);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         if constexpr (kMul) gv[e] *= mv[e];
@@ -196,14 +200,16 @@ __global__ void poly_norm_sharded_bwd_apply_kernel(const scalar_t* __restrict__ 
                                                    int64_t mul_stride,
                                                    const acc_t* __restrict__ rstd,  // [M, 3]
                                                    const acc_t* __restrict__ sums,  // [M, 3] over every shard
-                                                   const acc_t* __restrict__ params,  // [w0, w1, w2, b]
+                                                   ParamRef weight,  // (3,) any float dtype: [w0, w1, w2]
+                                                   ParamRef bias,  // (1,) any float dtype
                                                    scalar_t* __restrict__ grad_x,  // [M, H_shard] contiguous
                                                    scalar_t* __restrict__ grad_mul,  // [M, H_shard] with kMul
                                                    int64_t M, int64_t H, acc_t inv_h, int G) {
   const ShardLane sl = shard_lane(G);
   if (sl.row >= M) return;
   const acc_t r3 = rstd[sl.row * 3 + 0], r2 = rstd[sl.row * 3 + 1], r1 = rstd[sl.row * 3 + 2];
-  const acc_t w0 = params[0], w1 = params[1], w2 = params[2];
+  const acc_t w0 = load_param<acc_t>(weight, 0), w1 = load_param<acc_t>(weight, 1), w2 = load_param<acc_t>(weight, 2);
+  const acc_t b = kMul ? load_param<acc_t>(bias, 0) : acc_t(0);
   const GradCoeffs<acc_t> k = backward_coeffs(w0, w1, w2, r3, r2, r1, sums[sl.row * 3 + 0], sums[sl.row * 3 + 1],
                                               sums[sl.row * 3 + 2], inv_h);
   const HornerCoeffs<acc_t> a = forward_coeffs(w0, w1, w2, r3, r2, r1);
@@ -212,17 +218,17 @@ __global__ void poly_norm_sharded_bwd_apply_kernel(const scalar_t* __restrict__ 
   const scalar_t* mul_row = kMul ? mul + sl.row * mul_stride : nullptr;
   for (int64_t i = sl.lane; i < H / kVec; i += G) {
     acc_t xv[kVec], gv[kVec], mv[kVec], dx[kVec], dm[kVec];
-    load_pack<kVec>(x_row, i, xv);
-    load_pack<kVec>(g_row, i, gv);
-    if constexpr (kMul) load_pack<kVec>(mul_row, i, mv);
+    load_shard_pack<kVec>(x_row, i, xv);
+    load_shard_pack<kVec>(g_row, i, gv);
+    if constexpr (kMul) load_shard_pack<kVec>(mul_row, i, mv);
 #pragma unroll
     for (int e = 0; e < kVec; ++e) {
       const acc_t g = kMul ? gv[e] * mv[e] : gv[e];
       dx[e] = grad_x_value(xv[e], g, k);
-      if constexpr (kMul) dm[e] = gv[e] * poly_value(xv[e], a, params[3]);
+      if constexpr (kMul) dm[e] = gv[e] * poly_value(xv[e], a, b);
     }
-    store_pack<kVec>(grad_x + sl.row * H, i, dx);
-    if constexpr (kMul) store_pack<kVec>(grad_mul + sl.row * H, i, dm);
+    store_shard_pack<kVec>(grad_x + sl.row * H, i, dx);
+    if constexpr (kMul) store_shard_pack<kVec>(grad_mul + sl.row * H, i, dm);
   }
 }
 
