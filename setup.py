@@ -183,13 +183,14 @@ class BuildExtension(cpp_extension.BuildExtension):
         say(f"built {ext.name} in {time.monotonic() - started:.0f} s")
 
 
-CUDA_SOURCES = [f"{CSRC}/cuda/forward.cu", f"{CSRC}/cuda/backward.cu"]
+CUDA_SOURCES = [f"{CSRC}/cuda/forward.cu", f"{CSRC}/cuda/backward.cu", f"{CSRC}/cuda/sharded.cu"]
 CPP_SOURCES = [
     f"{CSRC}/ops.cpp",
     f"{CSRC}/plan_ops.cpp",
     f"{CSRC}/autograd.cpp",
     f"{CSRC}/polynorm_cpu.cpp",
     f"{CSRC}/polynorm_grouped_cpu.cpp",
+    f"{CSRC}/sharded_cpu.cpp",
     f"{CSRC}/python_module.cpp",
 ]
 

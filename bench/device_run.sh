@@ -18,12 +18,14 @@
 #   ncu          an Nsight Compute profile of the CUDA kernels at H = 5125 (NCU_H), ~1 min
 #   train        the main job, python3 -m polynorm (default GPU preset), ~5 min
 #   suite        the whole test suite, pytest-xdist workers sized from the GPU's free memory, --durations=15
-#   dist         the three torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
+#   dist         the four torchrun modes of examples/train_distributed.py, cuda and triton, on 2 GPUs
 #   bench        bench/bench.py --quick (JSON, PNGs, summary), ~1 min
 #   sweep        bench/bench.py's full sweep, warmup 15 ms and rep 50 ms, ~2.5 min (run it alone)
 #   mul_bench    bench/bench.py --op poly_norm_mul --quick, ~1.5 min
 #   grouped      bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
 #   triton_host  bench/triton_host.py: where the Triton backend's host time goes, ~1 min
+#   tp           bench/tp_timing.py (the sharded passes of tensor parallelism against their floors and the
+#                unsharded op, ~2 min), then tests/test_tp.py's GPU cases (2 processes on one GPU, gloo)
 # A stage with many output files packs them as one .tgz: the device tool returns a limited number
 # of files. liger-kernel, when wanted, comes as a wheel in .whl/ (a polynorm wheel there is the wheel stage's).
 set -uo pipefail
@@ -115,7 +117,7 @@ for stage in "${stages[@]}"; do
       grep -E "\] (FAILED|ERROR) |^FAILED|^ERROR|passed|failed|suite wall" "$OUT/tests.log" | head -40 ;;
     dist)
       # The suite's test_distributed.py runs these too; here each one's output is kept.
-      for mode in ddp fsdp sp; do
+      for mode in ddp fsdp sp tp; do
         for backend in cuda triton; do
           timeout 120 torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode $mode --backend $backend \
             > "$OUT/torchrun_${mode}_${backend}.log" 2>&1 &
@@ -136,6 +138,11 @@ for stage in "${stages[@]}"; do
       echo "mul_bench rc=$?"; tar czf "$OUT/bench_mul.tgz" -C "$OUT" bench_mul && rm -rf "$OUT/bench_mul" ;;
     grouped)
       timeout 200 python3 bench/grouped_timing.py --out "$OUT/grouped_timing.json" 2>&1 | tee "$OUT/grouped_timing.log" ;;
+    tp)
+      timeout 240 python3 bench/tp_timing.py --log "$OUT/tp_timing.log" > "$OUT/tp_timing.out" 2>&1
+      echo "tp timing rc=$?"; tail -1 "$OUT/tp_timing.out"
+      timeout 300 python3 -m pytest tests/test_tp.py -q -ra -p no:cacheprovider -k "cuda or gpu" \
+        > "$OUT/tests_tp.log" 2>&1; echo "pytest tp rc=$?"; tail -1 "$OUT/tests_tp.log" ;;
     triton_host)
       timeout 150 python3 bench/triton_host.py > "$OUT/triton_host.log" 2>&1; echo "triton_host rc=$?" ;;
     *)

@@ -15,6 +15,7 @@
 
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
 
 #include <algorithm>
 #include <array>
@@ -56,6 +57,15 @@ int64_t row_grain(int64_t H) { return std::max<int64_t>(1, 32768 / H); }
 // One row's parameters in the accumulation type: [w0, w1, w2, b] (w0 scales the cubic term).
 template <typename acc_t>
 using Params = std::array<acc_t, 4>;
+
+// Reads the three weights and (when given) the bias in the accumulation type (any float dtype).
+template <typename acc_t>
+Params<acc_t> read_params(const at::Tensor& weight, const at::Tensor* bias) {
+  const at::Tensor w = weight.reshape({3}).to(c10::CppTypeToScalarType<acc_t>::value);
+  Params<acc_t> p{w[0].template item<acc_t>(), w[1].template item<acc_t>(), w[2].template item<acc_t>(), acc_t(0)};
+  if (bias != nullptr) p[3] = bias->reshape({1}).to(c10::CppTypeToScalarType<acc_t>::value)[0].template item<acc_t>();
+  return p;
+}
 
 // The parameter lookup of plain PolyNorm: every row has the same parameters. (A lookup is
 // called as params_of(row) and returns the row's Params, or nullptr for a row that belongs to

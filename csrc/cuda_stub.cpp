@@ -1,10 +1,11 @@
-// Built instead of cuda/forward.cu and cuda/backward.cu when the CUDA kernels are not compiled
+// Built instead of cuda/forward.cu, cuda/backward.cu and cuda/sharded.cu when the CUDA kernels are not compiled
 // (a CPU-only torch, no nvcc, or POLYNORM_FORCE_CPU=1): CUDA tensors get a clear error rather
 // than the dispatcher's generic "could not run" message, the private ops' too.
 #include "polynorm.h"
 
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -92,6 +93,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grouped_backward_config_not_built
   not_built("polynorm._grouped_backward_config");
 }
 
+at::Tensor sharded_forward_stats_not_built(const at::Tensor&) { not_built("polynorm.sharded_forward_stats"); }
+
+std::tuple<at::Tensor, at::Tensor> sharded_forward_apply_not_built(const at::Tensor&, const std::optional<at::Tensor>&,
+                                                                   const at::Tensor&, const at::Tensor&,
+                                                                   const at::Tensor&, int64_t, double) {
+  not_built("polynorm.sharded_forward_apply");
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sharded_backward_stats_not_built(const at::Tensor&, const at::Tensor&,
+                                                                                const std::optional<at::Tensor>&,
+                                                                                const at::Tensor&) {
+  not_built("polynorm.sharded_backward_stats");
+}
+
+std::tuple<at::Tensor, at::Tensor> sharded_backward_apply_not_built(const at::Tensor&, const at::Tensor&,
+                                                                    const std::optional<at::Tensor>&,
+                                                                    const at::Tensor&, const at::Tensor&,
+                                                                    const at::Tensor&, const at::Tensor&, int64_t) {
+  not_built("polynorm.sharded_backward_apply");
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
@@ -107,6 +129,10 @@ TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("_mul_backward_config", &mul_backward_config_not_built);
   m.impl("_grouped_forward_config", &grouped_forward_config_not_built);
   m.impl("_grouped_backward_config", &grouped_backward_config_not_built);
+  m.impl("sharded_forward_stats", &sharded_forward_stats_not_built);
+  m.impl("sharded_forward_apply", &sharded_forward_apply_not_built);
+  m.impl("sharded_backward_stats", &sharded_backward_stats_not_built);
+  m.impl("sharded_backward_apply", &sharded_backward_apply_not_built);
 }
 
 }  // namespace polynorm

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <string>
 
 namespace polynorm {
@@ -220,6 +221,99 @@ void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, 
   check_rstd(op, x, rstd);
 }
 
+namespace {
+
+// Sharded ops: x holds a shard of each row's columns, possibly none (H = 0 on this rank).
+int64_t check_shard(const char* op, const char* name, const at::Tensor& x) {
+  check_defined(op, name, x);
+  TORCH_CHECK(is_supported_float(x.scalar_type()), op, ": expected ", name,
+              " to be float32, float64, float16 or bfloat16, got ", x.scalar_type());
+  TORCH_CHECK(x.dim() >= 1, op, ": expected ", name, " to have at least 1 dimension (..., H_shard), got a 0-d tensor");
+  return shard_rows(x);
+}
+
+void check_sums(const char* op, const at::Tensor& x, int64_t M, const at::Tensor& sums) {
+  check_defined(op, "sums", sums);
+  TORCH_CHECK(sums.dim() == 2 && sums.size(0) == M && sums.size(1) == 3, op, ": expected sums of shape [",
+              num(M), ", 3] (rows of x, then the three row sums), got ", shape(sums.sizes()));
+  TORCH_CHECK(sums.scalar_type() == opmath_dtype(x.scalar_type()), op, ": expected sums of dtype ",
+              opmath_dtype(x.scalar_type()), " for x of dtype ", x.scalar_type(), ", got ", sums.scalar_type());
+  TORCH_CHECK(sums.device() == x.device(), op, ": expected sums on x's device ", x.device(), ", got ",
+              sums.device());
+}
+
+void check_hidden_size(const char* op, const at::Tensor& x, int64_t hidden_size) {
+  TORCH_CHECK(hidden_size >= 1 && hidden_size >= x.size(-1), op,
+              ": expected hidden_size (the unsharded H) >= 1 and >= x's shard width ", num(x.size(-1)), ", got ",
+              num(hidden_size));
+}
+
+void check_shard_rstd(const char* op, const at::Tensor& x, int64_t M, const at::Tensor& rstd) {
+  check_defined(op, "rstd", rstd);
+  TORCH_CHECK(rstd.dim() == 2 && rstd.size(0) == M && rstd.size(1) == 3, op, ": expected rstd of shape [", num(M),
+              ", 3] (rows of x, then r_3, r_2, r_1), got ", shape(rstd.sizes()));
+  TORCH_CHECK(rstd.scalar_type() == opmath_dtype(x.scalar_type()), op, ": expected rstd of dtype ",
+              opmath_dtype(x.scalar_type()), " for x of dtype ", x.scalar_type(), ", got ", rstd.scalar_type());
+  TORCH_CHECK(rstd.device() == x.device(), op, ": expected rstd on x's device ", x.device(), ", got ",
+              rstd.device());
+}
+
+void check_like_shard(const char* op, const char* name, const std::optional<at::Tensor>& other, const at::Tensor& x) {
+  if (other.has_value()) check_like_x(op, name, *other, x);
+}
+
+}  // namespace
+
+int64_t shard_rows(const at::Tensor& x) {
+  int64_t M = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) M *= x.size(d);
+  return M;
+}
+
+int64_t check_sharded_forward_stats_args(const at::Tensor& x) {
+  return check_shard("polynorm.sharded_forward_stats", "x", x);
+}
+
+int64_t check_sharded_forward_apply_args(const at::Tensor& x, const std::optional<at::Tensor>& mul,
+                                         const at::Tensor& sums, const at::Tensor& weight, const at::Tensor& bias,
+                                         int64_t hidden_size, double eps) {
+  constexpr const char* op = "polynorm.sharded_forward_apply";
+  const int64_t M = check_shard(op, "x", x);
+  check_like_shard(op, "mul", mul, x);
+  check_sums(op, x, M, sums);
+  check_params(op, x, weight);
+  check_bias(op, x, bias);
+  check_hidden_size(op, x, hidden_size);
+  check_eps(op, eps);
+  return M;
+}
+
+int64_t check_sharded_backward_stats_args(const at::Tensor& grad_out, const at::Tensor& x,
+                                          const std::optional<at::Tensor>& mul, const at::Tensor& rstd) {
+  constexpr const char* op = "polynorm.sharded_backward_stats";
+  const int64_t M = check_shard(op, "x", x);
+  check_like_x(op, "grad_out", grad_out, x);
+  check_like_shard(op, "mul", mul, x);
+  check_shard_rstd(op, x, M, rstd);
+  return M;
+}
+
+int64_t check_sharded_backward_apply_args(const at::Tensor& grad_out, const at::Tensor& x,
+                                          const std::optional<at::Tensor>& mul, const at::Tensor& weight,
+                                          const at::Tensor& bias, const at::Tensor& rstd, const at::Tensor& sums,
+                                          int64_t hidden_size) {
+  constexpr const char* op = "polynorm.sharded_backward_apply";
+  const int64_t M = check_shard(op, "x", x);
+  check_like_x(op, "grad_out", grad_out, x);
+  check_like_shard(op, "mul", mul, x);
+  check_params(op, x, weight);
+  check_bias(op, x, bias);
+  check_shard_rstd(op, x, M, rstd);
+  check_sums(op, x, M, sums);
+  check_hidden_size(op, x, hidden_size);
+  return M;
+}
+
 }  // namespace polynorm
 
 TORCH_LIBRARY(polynorm, m) {
@@ -273,4 +367,23 @@ TORCH_LIBRARY(polynorm, m) {
   // dtype, each expert's summed over its rows in a fixed order (docs/MATH.md, "Grouped PolyNorm").
   m.def("grouped_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor offsets, Tensor rstd) -> "
         "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // Tensor parallelism (docs/MATH.md (12)-(15)): x [..., H_shard] holds a shard of each row's H
+  // columns (H_shard may be 0); mul, when given, is the fused op's, sharded like x. A statistics
+  // pass gives this shard's per-row sums, [M, 3] fp32 (fp64 for fp64 x); the caller sums them
+  // over the shards (one all-reduce); the apply pass finishes this shard's columns from the
+  // summed sums and the unsharded hidden_size.
+  // Forward sums: [sum x^2, sum x^4, sum x^6] of the shard's columns.
+  m.def("sharded_forward_stats(Tensor x) -> Tensor sums");
+  // out: x's shape and dtype (y, or y * mul); rstd [M, 3] = [r_3, r_2, r_1] from the summed sums.
+  m.def("sharded_forward_apply(Tensor x, Tensor? mul, Tensor sums, Tensor weight, Tensor bias, int hidden_size, "
+        "float eps=1e-6) -> (Tensor out, Tensor rstd)");
+  // Backward sums: [S_1, S_2, S_3] of the shard's columns (g = grad_out, or grad_out * mul), and
+  // this shard's share of grad_weight (3,) and grad_bias (1,) in rstd's dtype: summed over the
+  // shards (as DTensor's Partial()), they are the gradients.
+  m.def("sharded_backward_stats(Tensor grad_out, Tensor x, Tensor? mul, Tensor rstd) -> "
+        "(Tensor sums, Tensor grad_weight, Tensor grad_bias)");
+  // grad_x in x's dtype from the summed sums; grad_mul likewise when mul is given, else a
+  // tensor of 0 elements.
+  m.def("sharded_backward_apply(Tensor grad_out, Tensor x, Tensor? mul, Tensor weight, Tensor bias, Tensor rstd, "
+        "Tensor sums, int hidden_size) -> (Tensor grad_x, Tensor grad_mul)");
 }

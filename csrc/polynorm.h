@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -45,6 +46,20 @@ void check_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at
                             const at::Tensor& bias, double eps);
 void check_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
                              const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& rstd);
+
+// Tensor parallelism, the sharded ops (docs/MATH.md (12)-(15)): x [..., H_shard] with H_shard >= 0.
+// Each check returns M, the rows of x (its leading dimensions' product, also when H_shard = 0).
+int64_t shard_rows(const at::Tensor& x);
+int64_t check_sharded_forward_stats_args(const at::Tensor& x);
+int64_t check_sharded_forward_apply_args(const at::Tensor& x, const std::optional<at::Tensor>& mul,
+                                         const at::Tensor& sums, const at::Tensor& weight, const at::Tensor& bias,
+                                         int64_t hidden_size, double eps);
+int64_t check_sharded_backward_stats_args(const at::Tensor& grad_out, const at::Tensor& x,
+                                          const std::optional<at::Tensor>& mul, const at::Tensor& rstd);
+int64_t check_sharded_backward_apply_args(const at::Tensor& grad_out, const at::Tensor& x,
+                                          const std::optional<at::Tensor>& mul, const at::Tensor& weight,
+                                          const at::Tensor& bias, const at::Tensor& rstd, const at::Tensor& sums,
+                                          int64_t hidden_size);
 
 // dtype of the rstd cache and of every accumulator: fp64 for fp64 inputs, fp32 otherwise.
 at::ScalarType opmath_dtype(at::ScalarType x_dtype);

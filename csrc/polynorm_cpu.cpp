@@ -16,15 +16,6 @@
 namespace polynorm {
 namespace {
 
-// Reads the three weights and the bias in the accumulation type (any float dtype).
-template <typename acc_t>
-Params<acc_t> read_params(const at::Tensor& weight, const at::Tensor* bias) {
-  const at::Tensor w = weight.reshape({3}).to(c10::CppTypeToScalarType<acc_t>::value);
-  Params<acc_t> p{w[0].template item<acc_t>(), w[1].template item<acc_t>(), w[2].template item<acc_t>(), acc_t(0)};
-  if (bias != nullptr) p[3] = bias->reshape({1}).to(c10::CppTypeToScalarType<acc_t>::value)[0].template item<acc_t>();
-  return p;
-}
-
 // The forward of PolyNorm (mul == nullptr) or of the fused PolyNorm x mul: out [x's shape,
 // contiguous] and rstd [M, 3] (r_3, r_2, r_1) in the accumulation dtype.
 std::tuple<at::Tensor, at::Tensor> forward_cpu(const at::Tensor& x, const at::Tensor* mul, const at::Tensor& weight,

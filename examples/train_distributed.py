@@ -5,6 +5,7 @@ Run with one process per device (``torchrun``); NCCL on CUDA, gloo on CPU::
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode ddp
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode fsdp
     torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode sp
+    torchrun --standalone --nproc_per_node 2 examples/train_distributed.py --mode tp
 
 - ``ddp``: the byte-level LM of ``polynorm.lm.model`` (PolyNorm MLPs; by default the
   gated form, whose activation is the fused PolyNorm x mul, ``polynorm.FusedMulPolyNorm``) trained with
@@ -26,6 +27,13 @@ Run with one process per device (``torchrun``); NCCL on CUDA, gloo on CPU::
   the global rows; ``polynorm/_sharding.py``): on replicated tensors no communication and
   every output bitwise; with x sharded on its rows DTensor gathers it first, and the
   results are still bitwise those of one process.
+
+- ``tp``: a gated MLP ``down(PolyNorm(gate(x)) * up(x))`` trained tensor-parallel, Megatron
+  style: gate and up column-parallel (each rank holds an uneven share of the F intermediate
+  columns), down row-parallel (its output summed over the ranks), the activation
+  ``polynorm.tp.poly_norm_mul`` over the ranks' columns (one all-reduce of ``[M, 3]`` sums a
+  direction), and the PolyNorm weight and bias gradients, each rank's share, summed before
+  the step. Against the same MLP trained in one process: the same bounds as ``ddp``.
 
 Tolerances are relative, ``||a - b|| / ||b||`` per tensor, in fp32. Data parallelism changes
 only the order of the gradient sums (each rank's mean, then the all-reduce's mean), a few
@@ -246,9 +254,82 @@ def check_sequence_parallel(args, device) -> list[tuple[str, float, float]]:
     return results
 
 
+class _SumOverRanks(torch.autograd.Function):
+    """The row-parallel layer's output: summed over the ranks in forward; in backward each
+    rank's share receives the whole gradient (Megatron's g operator)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def check_tensor_parallel(args, device) -> list[tuple[str, float, float]]:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    D, F = 64, 4 * 64 + 1  # F odd: an uneven split of the intermediate columns
+    gen = torch.Generator().manual_seed(args.seed)
+    full = {
+        "gate": torch.randn(F, D, generator=gen) / D**0.5,
+        "up": torch.randn(F, D, generator=gen) / D**0.5,
+        "down": torch.randn(D, F, generator=gen) / F**0.5,
+        "act.weight": torch.full((3,), 1 / 3),
+        "act.bias": torch.zeros(1),
+    }
+    data = [(torch.randn(args.global_batch, args.seq_len, D, generator=gen),
+             torch.randn(args.global_batch, args.seq_len, D, generator=gen)) for _ in range(args.steps)]  # fmt: skip
+    cols = torch.tensor_split(torch.arange(F), world)[rank]  # this rank's intermediate columns
+    lo, hi = int(cols[0]), int(cols[-1]) + 1
+
+    def run(params: dict, tensor_parallel: bool) -> dict:
+        opt = torch.optim.AdamW(params.values(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        first = {}
+        for step, (x, target) in enumerate(data):
+            x, target = x.to(device), target.to(device)
+            gate, up = x @ params["gate"].T, x @ params["up"].T
+            w, b = params["act.weight"], params["act.bias"]
+            if tensor_parallel:
+                act = polynorm.tp.poly_norm_mul(gate, up, w, b, hidden_size=F, backend=_tp_backend(args.backend))
+                out = _SumOverRanks.apply(act @ params["down"].T)
+            else:
+                out = polynorm.poly_norm_mul(gate, up, w, b, backend=args.backend) @ params["down"].T
+            loss = torch.nn.functional.mse_loss(out, target)
+            loss.backward()
+            if tensor_parallel:  # the PolyNorm parameters' gradients: each rank's share (MATH.md (14))
+                dist.all_reduce(w.grad)
+                dist.all_reduce(b.grad)
+            if step == 0:
+                first = {n: p.grad.detach().clone() for n, p in params.items()}
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return first
+
+    single = {n: t.clone().to(device).requires_grad_() for n, t in full.items()}
+    single_grads = run(single, False)
+    shard = {"gate": full["gate"][lo:hi], "up": full["up"][lo:hi], "down": full["down"][:, lo:hi]}
+    local = {n: shard.get(n, t).clone().to(device).requires_grad_() for n, t in full.items()}
+    grads = run(local, True)
+
+    def sharded(name: str, t: torch.Tensor) -> torch.Tensor:  # the single run's share of a parameter
+        return t[lo:hi] if name in ("gate", "up") else t[:, lo:hi] if name == "down" else t
+
+    results = [(f"first-step grad {n}", rel(g, sharded(n, single_grads[n])), GRAD_TOL) for n, g in grads.items()]
+    worst = max((rel(p, sharded(n, single[n])), n) for n, p in local.items())
+    results.append((f"parameters after {args.steps} steps (worst: {worst[1]})", worst[0], PARAM_TOL))
+    return results
+
+
+def _tp_backend(backend: str) -> str:
+    return "auto" if backend == "cuda" else backend
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["ddp", "fsdp", "sp"], required=True)
+    parser.add_argument("--mode", choices=["ddp", "fsdp", "sp", "tp"], required=True)
     parser.add_argument("--backend", default="auto", choices=list(polynorm.BACKENDS), help="PolyNorm backend")
     parser.add_argument("--mlp", choices=["polycom", "gated"], default="gated")
     parser.add_argument("--steps", type=int, default=20)
@@ -261,7 +342,7 @@ def main(argv=None) -> int:
     device = setup()
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        check = check_sequence_parallel if args.mode == "sp" else check_data_parallel
+        check = {"sp": check_sequence_parallel, "tp": check_tensor_parallel}.get(args.mode, check_data_parallel)
         results = check(args, device)
         # No rank leaves while a peer still has a collective in flight. Not after a failure:
         # the peers may be waiting in another collective, and the barrier would hang.

@@ -15,12 +15,15 @@ Importing this package loads the compiled library, which registers
 :mod:`polynorm.layers` holds drop-ins for the modules of Motif's kernels (the kernels-hub
 kernel ``Motif-Technologies/activation``), and :func:`patch_model` swaps the PolyNorm
 modules of a model (Motif's, the hub's, Liger's) for polynorm's in one call.
+Tensor parallelism (the hidden dimension sharded over a process group, one all-reduce of
+``[M, 3]`` sums a direction) is :mod:`polynorm.tp`; a DTensor sharded on its last dimension
+takes that path through :func:`poly_norm` and :func:`poly_norm_mul`.
 """
 
 import torch
 
 from polynorm import _C  # noqa: F401  (registers torch.ops.polynorm.*)
-from polynorm import reference
+from polynorm import reference, tp
 from polynorm.module import FusedMulPolyNorm, PolyNorm
 from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
@@ -43,5 +46,6 @@ __all__ = [
     "poly_norm_grouped",
     "poly_norm_mul",
     "reference",
+    "tp",
 ]
 __version__ = "0.1.0"

@@ -18,8 +18,17 @@ is computed shard by shard with no communication:
   ``Partial()``. Each row of out is that row's PolyNorm times the same row of mul, so a
   shard's rows need nothing from another rank's.
 - Everything ``Replicate()`` is also accepted, and DTensor redistributes other layouts
-  (a sharded last dimension, sharded parameters, an x and a mul sharded differently) to one
-  of these before the op runs.
+  (sharded parameters, an x and a mul sharded differently) to one of these before the op runs.
+
+Tensor parallelism, x sharded on its last dimension (``Shard(-1)``, the hidden dimension, on
+one mesh dimension; other mesh dimensions may shard the rows or replicate): PolyNorm needs
+the whole row's sums, which no placement rule of one op can express without gathering x.
+:func:`polynorm.poly_norm` and :func:`polynorm.poly_norm_mul` therefore route such an x to
+:func:`sharded_poly_norm`, which runs :mod:`polynorm.tp` on the local shards over that mesh
+dimension's process group: one all-reduce of ``[M, 3]`` sums in forward and one in backward,
+y (out, dx, dmul) ``Shard(-1)`` like x, weight and bias gradients ``Partial()`` on every mesh
+dimension that shards x (``Replicate()`` on the others). The ops themselves, called directly
+on such an x, keep DTensor's default: x is gathered first.
 
 rstd is the forward's cache for backward, ``[rows, 3]`` with rows = x's leading
 dimensions flattened. For d = 0 its ``Shard(0)`` is exact; for d > 0 each rank's rows are
@@ -49,11 +58,13 @@ op above that exists in this process: ``polynorm::forward``/``backward``,
 is installed, their ``_triton`` twins.
 """
 
+import math
+
 import torch
-from torch.distributed.tensor import Partial, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 
-__all__ = ["register"]
+__all__ = ["register", "shards_hidden", "sharded_poly_norm"]
 
 
 _NOT_GIVEN = object()
@@ -128,3 +139,53 @@ def register() -> None:
             if hasattr(torch.ops.polynorm, fwd + suffix) and hasattr(torch.ops.polynorm, bwd + suffix):
                 register_sharding(getattr(torch.ops.polynorm, fwd + suffix).default)(_RULES[fwd])
                 register_sharding(getattr(torch.ops.polynorm, bwd + suffix).default)(_RULES[bwd])
+
+
+# --------------------------------------------------------------------------------------
+# Tensor parallelism: x sharded on its last dimension
+# --------------------------------------------------------------------------------------
+
+
+def shards_hidden(x) -> bool:
+    """Whether x is a DTensor sharded on its last dimension (on any mesh dimension)."""
+    return isinstance(x, DTensor) and any(p.is_shard() and p.dim % x.ndim == x.ndim - 1 for p in x.placements)
+
+
+def sharded_poly_norm(op: str, x, mul, weight, bias, eps, backend: str):
+    """PolyNorm (times mul) of a DTensor x sharded on its last dimension, through
+    :mod:`polynorm.tp` on the local shards (see the module's docstring). weight and bias (and
+    mul) are redistributed to the layout the op needs when they differ (weight and bias
+    ``Replicate()``, mul like x); a plain weight or bias is taken as replicated."""
+    from polynorm import tp
+
+    mesh = x.device_mesh
+    hidden = [i for i, p in enumerate(x.placements) if p.is_shard() and p.dim % x.ndim == x.ndim - 1]
+    if len(hidden) != 1:
+        raise ValueError(f"{op}: expected x's last dimension sharded on one mesh dimension, got placements "
+                         f"{x.placements}")  # fmt: skip
+    group = mesh.get_group(hidden[0])
+    # A weight's gradient sums over the rows: a share per rank wherever x is sharded.
+    grad_placements = [Partial() if p.is_shard() else Replicate() for p in x.placements]
+
+    def local_param(t):
+        if not isinstance(t, DTensor):
+            return t
+        if any(not p.is_replicate() for p in t.placements):
+            t = t.redistribute(mesh, [Replicate()] * mesh.ndim)
+        return t.to_local(grad_placements=grad_placements)
+
+    if mul is not None:
+        if not isinstance(mul, DTensor):
+            raise TypeError(f"{op}: expected mul to be a DTensor like x, got {type(mul).__name__}")
+        if mul.placements != x.placements:
+            mul = mul.redistribute(mesh, x.placements)
+        mul = mul.to_local()
+    w, b = local_param(weight), local_param(bias)
+    hidden_size = x.shape[-1]
+    x_local = x.to_local()
+    if mul is None:
+        out = tp.poly_norm(x_local, w, b, group, hidden_size=hidden_size, eps=eps, backend=backend)
+    else:
+        out = tp.poly_norm_mul(x_local, mul, w, b, group, hidden_size=hidden_size, eps=eps, backend=backend)
+    stride = tuple(math.prod(x.shape[d + 1:]) for d in range(x.ndim))  # out is contiguous
+    return DTensor.from_local(out, mesh, x.placements, run_check=False, shape=x.shape, stride=stride)

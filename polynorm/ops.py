@@ -28,7 +28,18 @@ except ImportError as _error:  # Triton is optional: every other backend works w
     _triton_kernels = None
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
+if torch.distributed.is_available():  # a DTensor x sharded on its last dimension: polynorm.tp
+    from polynorm._sharding import shards_hidden as _shards_hidden
+    from polynorm._sharding import sharded_poly_norm as _sharded_poly_norm
+else:
+    _shards_hidden = _sharded_poly_norm = None
+
 __all__ = ["poly_norm", "poly_norm_mul", "BACKENDS"]
+
+
+def _tp_backend(backend: str) -> str:
+    # polynorm.tp's backends: "cuda" is its "auto" (the C++ ops dispatch by device).
+    return "auto" if backend == "cuda" else backend
 
 BACKENDS = ("auto", "cuda", "triton", "reference")
 
@@ -64,6 +75,36 @@ def _mul_backward_fake(
     check_mul_backward_args("polynorm.mul_backward", grad_out, x, mul, weight, bias, rstd)
     grad_x, grad_weight, grad_bias = _backward_fake(grad_out, x, weight, rstd)
     return grad_x, torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_weight, grad_bias
+
+
+# The sharded passes of tensor parallelism (polynorm/tp.py; csrc/ops.cpp has the schemas).
+def _shard_rows(x: Tensor) -> int:
+    M = 1
+    for n in x.shape[:-1]:
+        M *= n
+    return M
+
+
+@torch.library.register_fake("polynorm::sharded_forward_stats")
+def _sharded_forward_stats_fake(x: Tensor) -> Tensor:
+    return x.new_empty((_shard_rows(x), 3), dtype=rstd_dtype(x.dtype))
+
+
+@torch.library.register_fake("polynorm::sharded_forward_apply")
+def _sharded_forward_apply_fake(x, mul, sums, weight, bias, hidden_size, eps=1e-6) -> tuple[Tensor, Tensor]:
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(sums.shape, dtype=rstd_dtype(x.dtype))
+
+
+@torch.library.register_fake("polynorm::sharded_backward_stats")
+def _sharded_backward_stats_fake(grad_out, x, mul, rstd) -> tuple[Tensor, Tensor, Tensor]:
+    acc = rstd_dtype(x.dtype)
+    return x.new_empty((_shard_rows(x), 3), dtype=acc), x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
+
+
+@torch.library.register_fake("polynorm::sharded_backward_apply")
+def _sharded_backward_apply_fake(grad_out, x, mul, weight, bias, rstd, sums, hidden_size) -> tuple[Tensor, Tensor]:
+    grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device) if mul is not None else x.new_empty(0)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_mul
 
 
 # polynorm::forward and mul_forward are differentiable through their C++ autograd kernels
@@ -231,6 +272,8 @@ def poly_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-6, backen
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    if type(x) is not Tensor and _shards_hidden is not None and _shards_hidden(x):  # tensor parallelism
+        return _sharded_poly_norm("polynorm.poly_norm", x, None, weight, bias, eps, _tp_backend(backend))
     if type(eps) is not float:  # the common case, a Python float, goes straight to the op
         eps = eps_operand("polynorm.poly_norm", eps)
     if backend == "reference":
@@ -311,6 +354,8 @@ def poly_norm_mul(
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
+    if type(x) is not Tensor and _shards_hidden is not None and _shards_hidden(x):  # tensor parallelism
+        return _sharded_poly_norm("polynorm.poly_norm_mul", x, mul, weight, bias, eps, _tp_backend(backend))
     if type(eps) is not float:  # the common case, a Python float, goes straight to the op
         eps = eps_operand("polynorm.poly_norm_mul", eps)
     if backend == "reference":

@@ -11,12 +11,23 @@ and rounded once to x's dtype. Autograd differentiates it, which makes it the or
 the backward too when run with ``compute_dtype=torch.float64``.
 """
 
+import math
+
 import torch
 from torch import Tensor
 
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["poly_norm", "poly_norm_grouped", "poly_norm_mul", "rstd"]
+__all__ = [
+    "poly_norm",
+    "poly_norm_grouped",
+    "poly_norm_mul",
+    "rstd",
+    "sharded_backward_apply",
+    "sharded_backward_stats",
+    "sharded_forward_apply",
+    "sharded_forward_stats",
+]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
@@ -221,3 +232,74 @@ def _poly_norm_grouped(
     y = w[:, 0:1] * _norm(xs.pow(3), eps) + w[:, 1:2] * _norm(xs.pow(2), eps) + w[:, 2:3] * _norm(xs, eps) + b
     y = torch.where(owned, y, torch.zeros((), dtype=dtype, device=x.device))
     return y.to(x.dtype).reshape(x.shape)
+
+
+# ----------------------------------------------------------------------------------------
+# Sharded passes (tensor parallelism, docs/MATH.md (12)-(15))
+# ----------------------------------------------------------------------------------------
+# The float64 oracles of torch.ops.polynorm.sharded_forward_stats, sharded_forward_apply,
+# sharded_backward_stats and sharded_backward_apply: x ``(..., H_shard)`` holds a shard of each
+# row's columns (H_shard may be 0); mul, where given, is the fused op's, sharded like x. Sums,
+# rstd and the parameter gradients come back in float64; out, grad_x and grad_mul in x's dtype,
+# rounded once. No argument checks: the ops' own run first where these serve as a backend.
+
+
+def _rows64(t: Tensor) -> Tensor:
+    # t as [M, H_shard] float64; M counts the leading dimensions, also when H_shard = 0.
+    return t.to(torch.float64).reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
+def sharded_forward_stats(x: Tensor) -> Tensor:
+    """``[M, 3]`` float64: this shard's ``[sum x^2, sum x^4, sum x^6]`` of each row (MATH.md (12))."""
+    x2 = _rows64(x).pow(2)
+    return torch.stack([x2.sum(-1), x2.pow(2).sum(-1), x2.pow(3).sum(-1)], dim=1)
+
+
+def sharded_forward_apply(x: Tensor, mul, sums: Tensor, weight: Tensor, bias: Tensor, hidden_size: int,
+                          eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(out, rstd): PolyNorm (times mul) of this shard's columns from the summed ``sums`` and the
+    unsharded ``hidden_size`` (MATH.md (1)-(3), (8)); rstd ``[M, 3] = [r_3, r_2, r_1]`` float64."""
+    xs = _rows64(x)
+    r1, r2, r3 = (1.0 / torch.sqrt(sums.to(torch.float64) / hidden_size + eps)).unbind(1)
+    w = weight.to(torch.float64).reshape(3)
+    b = bias.to(torch.float64).reshape(())
+    y = w[0] * xs.pow(3) * r3[:, None] + w[1] * xs.pow(2) * r2[:, None] + w[2] * xs * r1[:, None] + b
+    if mul is not None:
+        y = y * _rows64(mul)
+    return y.to(x.dtype).reshape(x.shape), torch.stack([r3, r2, r1], dim=1)
+
+
+def _grad(grad_out: Tensor, mul) -> Tensor:
+    # PolyNorm's dL/dy: grad_out, or grad_out * mul for the fused op (MATH.md (9)).
+    g = _rows64(grad_out)
+    return g if mul is None else g * _rows64(mul)
+
+
+def sharded_backward_stats(grad_out: Tensor, x: Tensor, mul, rstd: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(sums, grad_weight, grad_bias): this shard's ``[S_1, S_2, S_3]`` ``[M, 3]`` (MATH.md (13)),
+    and its share of dw ``(3,)`` and db ``(1,)`` (MATH.md (14)), all float64."""
+    xs, g = _rows64(x), _grad(grad_out, mul)
+    s = torch.stack([(g * xs).sum(-1), (g * xs.pow(2)).sum(-1), (g * xs.pow(3)).sum(-1)], dim=1)
+    r = rstd.to(torch.float64)
+    grad_weight = (r * s.flip(1)).sum(0)  # [r_3 S_3, r_2 S_2, r_1 S_1] over the rows
+    return s, grad_weight, g.sum().reshape(1)
+
+
+def sharded_backward_apply(grad_out: Tensor, x: Tensor, mul, weight: Tensor, bias: Tensor, rstd: Tensor,
+                           sums: Tensor, hidden_size: int) -> tuple[Tensor, Tensor]:
+    """(grad_x, grad_mul) of this shard's columns from the summed ``sums`` (MATH.md (5)-(6), (10));
+    grad_mul has 0 elements when mul is None."""
+    xs, g = _rows64(x), _grad(grad_out, mul)
+    r3, r2, r1 = rstd.to(torch.float64).unbind(1)
+    s1, s2, s3 = sums.to(torch.float64).unbind(1)
+    w = weight.to(torch.float64).reshape(3)
+    dx = torch.zeros_like(xs)
+    for p, wp, rp, sp in ((1, w[2], r1, s1), (2, w[1], r2, s2), (3, w[0], r3, s3)):
+        rp, sp = rp[:, None], sp[:, None]
+        dx = dx + wp * p * rp * (xs.pow(p - 1) * g - xs.pow(2 * p - 1) * rp * rp * sp / hidden_size)
+    grad_x = dx.to(x.dtype).reshape(x.shape)
+    if mul is None:
+        return grad_x, x.new_empty(0)
+    b = bias.to(torch.float64).reshape(())
+    y = w[0] * xs.pow(3) * r3[:, None] + w[1] * xs.pow(2) * r2[:, None] + w[2] * xs * r1[:, None] + b
+    return grad_x, (_rows64(grad_out) * y).to(x.dtype).reshape(x.shape)

@@ -1,5 +1,5 @@
-"""Multi-device and distributed use: the device guard, DDP and FSDP2 training parity, and
-DTensor sequence parallelism (``examples/train_distributed.py``).
+"""Multi-device and distributed use: the device guard, DDP and FSDP2 training parity, DTensor
+sequence parallelism and tensor-parallel training (``examples/train_distributed.py``).
 
 - CPU (CI): two processes with gloo, through ``torchrun``, for each mode; sequence
   parallelism also with the Triton backend under ``TRITON_INTERPRET=1`` (its ``_triton`` ops'
@@ -83,7 +83,7 @@ def _check(proc: subprocess.CompletedProcess, mode: str, device: str) -> None:
 
 
 @requires_dist
-@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp", "tp"])
 def test_two_processes_on_cpu(mode):
     # CUDA_VISIBLE_DEVICES="" keeps the ranks on gloo and the CPU kernel even on a GPU machine.
     _check(torchrun(mode, "auto", _env(CUDA_VISIBLE_DEVICES="")), mode, "cpu")
@@ -104,7 +104,7 @@ def test_sequence_parallel_triton_on_cpu():
 
 @requires_two_gpus
 @pytest.mark.parametrize("backend", ["cuda", pytest.param("triton", marks=requires_triton)])
-@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp"])
+@pytest.mark.parametrize("mode", ["sp", "ddp", "fsdp", "tp"])
 def test_two_gpus(mode, backend):
     _check(torchrun(mode, backend, _env()), mode, "cuda")
 
