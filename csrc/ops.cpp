@@ -192,9 +192,10 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 
 }  // namespace
 
-void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                const at::Tensor& offsets, double eps) {
-  constexpr const char* op = "polynorm.grouped_forward";
+namespace {
+
+void check_grouped_forward_args_of(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                   const at::Tensor& bias, const at::Tensor& offsets, double eps) {
   check_x(op, "x", x);
   const int64_t E = check_grouped_params(op, x, weight, offsets);
   check_defined(op, "bias", bias);
@@ -206,6 +207,40 @@ void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, c
   TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
               bias.device());
   check_eps(op, eps);
+}
+
+void check_grouped_mul_options(const char* op, std::optional<double> hidden_clamp, double output_scale) {
+  TORCH_CHECK_VALUE(!hidden_clamp.has_value() || *hidden_clamp > 0.0, op,
+                    ": expected hidden_clamp to be None or > 0, got ", num(hidden_clamp.value_or(0.0)));
+  TORCH_CHECK_VALUE(std::isfinite(output_scale), op, ": expected output_scale to be finite, got ", num(output_scale));
+}
+
+}  // namespace
+
+void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& offsets, double eps) {
+  check_grouped_forward_args_of("polynorm.grouped_forward", x, weight, bias, offsets, eps);
+}
+
+void check_grouped_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                    const at::Tensor& bias, const at::Tensor& offsets, double eps,
+                                    std::optional<double> hidden_clamp, double output_scale) {
+  constexpr const char* op = "polynorm.grouped_mul_forward";
+  check_grouped_forward_args_of(op, x, weight, bias, offsets, eps);
+  check_like_x(op, "mul", mul, x);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
+}
+
+void check_grouped_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
+                                     const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& offsets,
+                                     const at::Tensor& rstd, std::optional<double> hidden_clamp,
+                                     double output_scale) {
+  constexpr const char* op = "polynorm.grouped_mul_backward";
+  check_grouped_forward_args_of(op, x, weight, bias, offsets, 0.0);
+  check_like_x(op, "grad_out", grad_out, x);
+  check_like_x(op, "mul", mul, x);
+  check_rstd(op, x, rstd);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
 }
 
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
@@ -270,4 +305,16 @@ TORCH_LIBRARY(polynorm, m) {
   // dtype, each expert's summed over its rows in a fixed order (docs/MATH.md, "Grouped PolyNorm").
   m.def("grouped_backward(Tensor grad_y, Tensor x, Tensor weight, Tensor offsets, Tensor rstd) -> "
         "(Tensor grad_x, Tensor grad_weight, Tensor grad_bias)");
+  // Motif-3's MoE activation (docs/MATH.md (12)-(18)), grouped as grouped_forward: for a row of
+  // expert e, out = round(output_scale * clamp_c(PolyNorm_e(clamp_c(x)) * clamp_c(mul))), c =
+  // hidden_clamp (None: no clamp), weight [E, 3] and bias [E] or [E, 1] PolyNorm's coefficients as
+  // given (any sigmoid or bias clamp is the caller's). x and mul may have any strides (the halves of
+  // one gate_up projection); rstd is that of clamp_c(x).
+  m.def("grouped_mul_forward(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-6, "
+        "float? hidden_clamp=None, float output_scale=1.0) -> (Tensor out, Tensor rstd)");
+  // grad_x, grad_mul in x's dtype (0 where the clamp moved the input); grad_weight [E, 3] and
+  // grad_bias [E] in rstd's dtype, each expert's summed over its rows in a fixed order.
+  m.def("grouped_mul_backward(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, "
+        "Tensor rstd, float? hidden_clamp=None, float output_scale=1.0) -> "
+        "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)");
 }

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["poly_norm", "poly_norm_grouped", "poly_norm_mul", "rstd"]
+__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_mul", "rstd"]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
@@ -206,18 +206,120 @@ def _poly_norm_grouped(
     dtype = _compute_dtype(x, compute_dtype)
     H = x.shape[-1]
     xc = x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H)
+    y, owned = _grouped_rows(xc, weight.to(dtype), bias.to(dtype), offsets, eps)
+    y = torch.where(owned, y, torch.zeros((), dtype=dtype, device=x.device))
+    return y.to(x.dtype).reshape(x.shape)
+
+
+def _grouped_rows(xc: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps) -> tuple[Tensor, Tensor]:
+    # (y, owned) of the [M, H] rows xc, with weight [E, 3] and bias [E] or [E, 1] already in
+    # xc's dtype: each row's PolyNorm with its expert's parameters, and [M, 1] True on rows of
+    # an expert (y there is to be replaced by the caller).
     E = weight.shape[0]
-    rows = torch.arange(xc.shape[0], device=x.device)
+    rows = torch.arange(xc.shape[0], device=xc.device)
     # The first e with offsets[e] > row: the row's expert, E for a row of no expert.
     expert = torch.searchsorted(offsets.to(torch.int64).contiguous(), rows, right=True)
     owned = (expert < E)[:, None]
     e = expert.clamp(max=E - 1)
-    w = weight.to(dtype).reshape(E, 3)[e]  # [M, 3]
-    b = bias.to(dtype).reshape(E, 1)[e]  # [M, 1]
+    w = weight.reshape(E, 3)[e]  # [M, 3]
+    b = bias.reshape(E, 1)[e]  # [M, 1]
     # Rows of no expert are never used: replaced by ones so that their statistics stay finite
-    # (no NaN into the gradient through torch.where), and y set to 0 there.
-    xs = torch.where(owned, xc, torch.ones((), dtype=dtype, device=x.device))
-
+    # (no NaN into the gradient through torch.where).
+    xs = torch.where(owned, xc, torch.ones((), dtype=xc.dtype, device=xc.device))
     y = w[:, 0:1] * _norm(xs.pow(3), eps) + w[:, 1:2] * _norm(xs.pow(2), eps) + w[:, 2:3] * _norm(xs, eps) + b
-    y = torch.where(owned, y, torch.zeros((), dtype=dtype, device=x.device))
-    return y.to(x.dtype).reshape(x.shape)
+    return y, owned
+
+
+def _hidden_clamp(v: Tensor, c) -> Tensor:
+    # MATH.md (12): clamp_c(v), whose gradient passes where v is left as it is (|v| <= c, and
+    # a NaN); None: no clamp.
+    if c is None:
+        return v
+    return torch.where(v > c, torch.full((), c, dtype=v.dtype, device=v.device),
+                       torch.where(v < -c, torch.full((), -c, dtype=v.dtype, device=v.device), v))  # fmt: skip
+
+
+def expert_coefficients(
+    weight: Tensor, bias: Tensor, *, sigmoid_weight: bool = False, bias_clamp=None, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """MATH.md (13): each expert's PolyNorm coefficients ``(w~ [E, 3], b~ [E])`` in ``dtype``.
+
+    ``w~ = sigmoid(weight)`` when ``sigmoid_weight`` (else weight) and ``b~ = clamp(bias,
+    -bias_clamp, bias_clamp)`` (no clamp for None), each taken after widening the parameter
+    to ``dtype`` (fp32 for Motif-3's fp32 parameters, as its serving code does). Autograd
+    differentiates both: MATH.md (19).
+    """
+    w = weight.to(dtype)
+    if sigmoid_weight:
+        w = torch.sigmoid(w)
+    b = bias.to(dtype).reshape(bias.shape[0])
+    if bias_clamp is not None:
+        b = b.clamp(-bias_clamp, bias_clamp)
+    return w, b
+
+
+def poly_norm_grouped_mul(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    offsets: Tensor,
+    eps: float = 1e-6,
+    *,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Motif-3's MoE activation in plain PyTorch: grouped PolyNorm times a gate, with its options.
+
+    For a row of expert e (rows sorted by expert as in :func:`poly_norm_grouped`), with
+    ``clamp_c(v) = min(max(v, -c), c)`` (``c = hidden_clamp``, no clamp for None)::
+
+        w~ = sigmoid(weight[e]) if sigmoid_weight else weight[e]
+        b~ = clamp(bias[e], -bias_clamp, bias_clamp)
+        y  = PolyNorm(clamp_c(x)) with w~ and b~
+        out = round(output_scale * clamp_c(y * clamp_c(mul)))
+
+    in ``compute_dtype`` (promoted with x's dtype), rounded once to x's dtype (docs/MATH.md
+    (12)-(15)). Rows of no expert give 0. The oracle of ``polynorm::grouped_mul_forward``
+    when run with ``compute_dtype=torch.float64``; autograd differentiates it (MATH.md
+    (16)-(19)).
+
+    Args:
+        x: ``(..., H)`` float32, float64, float16 or bfloat16 (Motif-3's gate), H >= 1.
+        mul: x's shape and dtype (the up projection); any strides.
+        weight: ``[E, 3]``, bias: ``[E]`` or ``[E, 1]``, offsets: ``[E]`` int32/int64, eps: as
+            in :func:`poly_norm_grouped`.
+        sigmoid_weight, bias_clamp, hidden_clamp, output_scale: Motif-3's
+            ``polynorm_sigmoid_weight``, ``polynorm_bias_clamp``, ``hidden_clamp`` and
+            ``polynorm_output_scale``.
+
+    Returns:
+        out, x's shape and dtype, contiguous.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884; Motif-3's
+    options as its public serving code applies them (docs/MATH.md).
+    """
+    from polynorm._common import check_grouped_mul_forward_args
+
+    eps = check_grouped_mul_forward_args(
+        "polynorm.reference.poly_norm_grouped_mul", x, mul, weight, bias, offsets, eps,
+        hidden_clamp, bias_clamp, output_scale, traced=torch.compiler.is_compiling(),
+    )  # fmt: skip
+    dtype = _compute_dtype(x, compute_dtype)
+    w, b = expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=dtype)
+    return _poly_norm_grouped_mul(x, mul, w, b, offsets, eps, hidden_clamp, output_scale, dtype)
+
+
+def _poly_norm_grouped_mul(x: Tensor, mul: Tensor, w: Tensor, b: Tensor, offsets: Tensor, eps, hidden_clamp,
+                           output_scale: float, dtype: torch.dtype) -> Tensor:  # fmt: skip
+    # poly_norm_grouped_mul without the checks, from the coefficients w~, b~ (in dtype).
+    H = x.shape[-1]
+    xc = _hidden_clamp(x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    mc = _hidden_clamp(mul.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    y, owned = _grouped_rows(xc, w, b, offsets, eps)
+    out = output_scale * _hidden_clamp(y * torch.where(owned, mc, torch.zeros((), dtype=dtype, device=x.device)), hidden_clamp)
+    out = torch.where(owned, out, torch.zeros((), dtype=dtype, device=x.device))
+    return out.to(x.dtype).reshape(x.shape)

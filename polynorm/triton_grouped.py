@@ -38,7 +38,13 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
-from polynorm._common import check_grouped_backward_args, check_grouped_forward_args
+from polynorm._common import (
+    check_grouped_backward_args,
+    check_grouped_forward_args,
+    check_grouped_mul_backward_args,
+    check_grouped_mul_forward_args,
+    check_grouped_mul_options,
+)
 from polynorm.triton_kernels import (
     _acc_dtype,
     _as_rows,
@@ -66,7 +72,12 @@ from polynorm.triton_math import (
     rstd_of,
 )
 
-__all__ = ["poly_norm_grouped_forward_triton", "poly_norm_grouped_backward_triton"]
+__all__ = [
+    "poly_norm_grouped_backward_triton",
+    "poly_norm_grouped_forward_triton",
+    "poly_norm_grouped_mul_backward_triton",
+    "poly_norm_grouped_mul_forward_triton",
+]
 
 
 @triton.jit
@@ -390,3 +401,361 @@ def poly_norm_grouped_backward_triton(
                 partials, offsets, offsets.stride(0), M, grad_weight, grad_bias, BLOCK_R=_PARAM_BLOCK_R, num_warps=4
             )
     return grad_x, grad_weight, grad_bias
+
+
+# ----------------------------------------------------------------------------------------
+# Motif-3's MoE activation: grouped fused-mul PolyNorm with hidden_clamp and output_scale
+# (docs/MATH.md (12)-(18)). The kernels take each expert's coefficients w~ and b~ as given
+# (sigmoid and the bias clamp are applied to the [E, 3] and [E] parameters before the call).
+# ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _clamp_c(v, c):
+    # MATH.md (12): clamp_c(v). Two selects, not min/max: a NaN stays NaN (as torch.clamp).
+    return tl.where(v > c, c, tl.where(v < -c, -c, v))
+
+
+@triton.jit
+def _clamped(v, c):
+    # MATH.md (16)-(17): True where clamp_c moves v (|v| > c); a NaN is left as it is.
+    return (v > c) | (v < -c)
+
+
+@triton.jit
+def _mul_grad_tile(go, x, m, a1, a2, a3, b, c, s):
+    # One tile of the backward's per-element values (MATH.md (16)-(17)) from grad_out go and
+    # the raw x and m: (x~, y, q, g) with q = go s [|y m~| <= c] and g = q m~, all in ACC.
+    xc = _clamp_c(x, c)
+    mc = _clamp_c(m, c)
+    y = poly_value(xc, a1, a2, a3, b)
+    q = tl.where(_clamped(y * mc, c), 0.0, go * s)
+    return xc, y, q, q * mc
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_mul_fwd_kernel(
+    x_ptr,  # [M, H] gate: element (row, j) at row * x_row_stride + j * x_col_stride
+    x_row_stride,
+    x_col_stride,
+    m_ptr,  # [M, H] up, x's dtype: strides of its own
+    m_row_stride,
+    m_col_stride,
+    out_ptr,  # [M, H] contiguous, x's dtype
+    rstd_ptr,  # [M, 3] fp32 (fp64 for fp64 x): rstd of x~^3, x~^2, x~; 0 on rows of no expert
+    w_ptr,  # [E, 3] any float dtype: w~ per expert
+    w_stride0,
+    w_stride1,
+    b_ptr,  # [E] any float dtype: b~ per expert
+    b_stride,
+    offsets_ptr,  # [E] int32 or int64: cumulative end offsets
+    offsets_stride,
+    E,
+    n_steps,
+    M,
+    H,
+    eps: tl.float64,
+    clamp: tl.float64,  # hidden_clamp c, +inf for none
+    scale: tl.float64,  # output_scale s
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):
+    ACC = rstd_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
+    in_range = rows < M
+    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+    owned = in_range & (expert < E)  # rows of no expert are not read
+    x_rows = x_ptr + rows * x_row_stride  # per-row base pointers, 64-bit offsets
+    m_rows = m_ptr + rows * m_row_stride
+    out_rows = out_ptr + rows * H
+    cols = tl.arange(0, BLOCK_H)
+    c = tl.full([], clamp, ACC)
+    s = tl.full([], scale, ACC)
+
+    # Statistics of x~ (MATH.md (1), (12)), in one pass.
+    if ONE_BLOCK:
+        mask = owned[:, None] & (cols < H)[None, :]
+        x = _clamp_c(_load_acc(x_rows, cols * x_col_stride, mask, ACC), c)
+        s1, s2, s3 = row_sums(x)
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            cc = c0 + cols
+            mask = owned[:, None] & (cc < H)[None, :]
+            a1, a2, a3 = add_row_sums(a1, a2, a3, _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c))
+        s1, s2, s3 = tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
+
+    inv_h = inv_h_of(H, ACC)
+    e = tl.full([], eps, ACC)
+    zero = tl.zeros([BLOCK_M], ACC)
+    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
+    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
+    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
+
+    w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
+    ha1, ha2, ha3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
+    b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
+
+    # out = round(s clamp_c(y m~)), MATH.md (14)-(15); 0 on rows of no expert.
+    if ONE_BLOCK:
+        m = _clamp_c(_load_acc(m_rows, cols * m_col_stride, mask, ACC), c)
+        o = tl.where(owned[:, None], s * _clamp_c(poly_value(x, ha1, ha2, ha3, b) * m, c), 0.0)
+        out_mask = in_range[:, None] & (cols < H)[None, :]
+        tl.store(out_rows[:, None] + cols[None, :], _to_out(o, out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        for c0 in range(0, H, BLOCK_H):
+            cc = c0 + cols
+            mask = owned[:, None] & (cc < H)[None, :]
+            xt = _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c)
+            mt = _clamp_c(_load_acc(m_rows, cc * m_col_stride, mask, ACC), c)
+            o = tl.where(owned[:, None], s * _clamp_c(poly_value(xt, ha1, ha2, ha3, b) * mt, c), 0.0)
+            out_mask = in_range[:, None] & (cc < H)[None, :]
+            tl.store(out_rows[:, None] + cc[None, :], _to_out(o, out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_mul_bwd_kernel(
+    go_ptr,  # [M, H] grad_out, unit column stride, rows go_row_stride apart (0 for an expand)
+    go_row_stride,
+    x_ptr,  # [M, H] gate, strided as in the forward
+    x_row_stride,
+    x_col_stride,
+    m_ptr,  # [M, H] up
+    m_row_stride,
+    m_col_stride,
+    rstd_ptr,  # [M, 3] contiguous, from the forward
+    w_ptr,  # [E, 3] w~
+    w_stride0,
+    w_stride1,
+    b_ptr,  # [E] b~
+    b_stride,
+    offsets_ptr,  # [E] int32 or int64
+    offsets_stride,
+    E,
+    n_steps,
+    dx_ptr,  # [M, H] contiguous, x's dtype
+    dm_ptr,  # [M, H] contiguous, x's dtype
+    partials_ptr,  # [M, 4] rstd's dtype: each row's [r_3 S_3, r_2 S_2, r_1 S_1, G]
+    M,
+    H,
+    clamp: tl.float64,
+    scale: tl.float64,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    ONE_BLOCK: tl.constexpr,
+):
+    ACC = partials_ptr.dtype.element_ty
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range = rows < M
+    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+    owned = in_range & (expert < E)
+    go_rows = go_ptr + rows * go_row_stride
+    x_rows = x_ptr + rows * x_row_stride
+    m_rows = m_ptr + rows * m_row_stride
+    dx_rows = dx_ptr + rows * H
+    dm_rows = dm_ptr + rows * H
+    cols = tl.arange(0, BLOCK_H)
+    c = tl.full([], clamp, ACC)
+    s = tl.full([], scale, ACC)
+
+    # y's coefficients first: the output clamp's indicator (16) needs y in the sums' pass.
+    r3, r2, r1 = _load_rstd(rstd_ptr, rows, owned)
+    w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
+    ha1, ha2, ha3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
+    b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
+
+    # S_1, S_2, S_3 and G of g (MATH.md (4), (17)), in one pass.
+    if ONE_BLOCK:
+        mask = owned[:, None] & (cols < H)[None, :]
+        go = _load_acc(go_rows, cols, mask, ACC)
+        xr = _load_acc(x_rows, cols * x_col_stride, mask, ACC)
+        mr = _load_acc(m_rows, cols * m_col_stride, mask, ACC)
+        xc, y, q, g = _mul_grad_tile(go, xr, mr, ha1, ha2, ha3, b, c, s)
+        s1, s2, s3, sg = row_grad_sums(xc, g)
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        ag = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            cc = c0 + cols
+            mask = owned[:, None] & (cc < H)[None, :]
+            got = _load_acc(go_rows, cc, mask, ACC)
+            xt = _load_acc(x_rows, cc * x_col_stride, mask, ACC)
+            mt = _load_acc(m_rows, cc * m_col_stride, mask, ACC)
+            xct, _yt, _qt, gt = _mul_grad_tile(got, xt, mt, ha1, ha2, ha3, b, c, s)
+            a1, a2, a3, ag = add_row_grad_sums(a1, a2, a3, ag, xct, gt)
+        s1, s2, s3, sg = tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1), tl.sum(ag, axis=1)
+
+    inv_h = inv_h_of(H, ACC)
+    part_rows = partials_ptr + rows * 4  # this row's share of its expert's [dw~0, dw~1, dw~2, db~] (18)
+    tl.store(part_rows + 0, r3 * s3, mask=in_range)
+    tl.store(part_rows + 1, r2 * s2, mask=in_range)
+    tl.store(part_rows + 2, r1 * s1, mask=in_range)
+    tl.store(part_rows + 3, sg, mask=in_range)
+
+    k1, k2, k3, d1, d2, d3 = backward_coeffs(w0, w1, w2, r3, r2, r1, s1, s2, s3, inv_h)
+    if ONE_BLOCK:
+        out_mask = in_range[:, None] & (cols < H)[None, :]
+        dx = tl.where(owned[:, None] & ~_clamped(xr, c), grad_x_value(xc, g, k1, k2, k3, d1, d2, d3), 0.0)
+        dm = tl.where(owned[:, None] & ~_clamped(mr, c), q * y, 0.0)
+        tl.store(dx_rows[:, None] + cols[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(dm_rows[:, None] + cols[None, :], _to_out(dm, dm_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        for c0 in range(0, H, BLOCK_H):
+            cc = c0 + cols
+            mask = owned[:, None] & (cc < H)[None, :]
+            got = _load_acc(go_rows, cc, mask, ACC)
+            xt = _load_acc(x_rows, cc * x_col_stride, mask, ACC)
+            mt = _load_acc(m_rows, cc * m_col_stride, mask, ACC)
+            xct, yt, qt, gt = _mul_grad_tile(got, xt, mt, ha1, ha2, ha3, b, c, s)
+            out_mask = in_range[:, None] & (cc < H)[None, :]
+            dx = tl.where(owned[:, None] & ~_clamped(xt, c), grad_x_value(xct, gt, k1, k2, k3, d1, d2, d3), 0.0)
+            dm = tl.where(owned[:, None] & ~_clamped(mt, c), qt * yt, 0.0)
+            tl.store(dx_rows[:, None] + cc[None, :], _to_out(dx, dx_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(dm_rows[:, None] + cc[None, :], _to_out(dm, dm_ptr.dtype.element_ty), mask=out_mask)
+
+
+def _as_strided_rows(t: Tensor) -> tuple[Tensor, int, int, int, int]:
+    """(tensor, M, H, row_stride, col_stride): element (row, j) at ``row * row_stride + j * col_stride``.
+
+    The tensor itself when its leading dims collapse into one row stride, whatever its
+    last-dim stride (a ``gate_up.chunk(2, -1)`` half, or ``gate_up[..., 0::2]``); else a
+    contiguous copy, the one documented copy.
+    """
+    H = t.shape[-1]
+    M = t.numel() // H if H else 0
+    if t.is_contiguous():
+        return t, M, H, H, 1
+    col_stride = t.stride(-1) if H > 1 else 1
+    row_stride, expected, ok = H * col_stride, -1, True
+    for d in range(t.dim() - 2, -1, -1):
+        if t.shape[d] == 1:
+            continue
+        if expected < 0:
+            row_stride = t.stride(d)
+        elif t.stride(d) != expected:
+            ok = False
+            break
+        expected = t.stride(d) * t.shape[d]
+    if ok:
+        return t, M, H, row_stride, col_stride
+    return t.contiguous(), M, H, H, 1
+
+
+def _clamp_arg(hidden_clamp) -> float:
+    return float("inf") if hidden_clamp is None else float(hidden_clamp)
+
+
+_GMFWD = "polynorm.grouped_mul_forward_triton"
+_GMBWD = "polynorm.grouped_mul_backward_triton"
+# The schemas of polynorm::grouped_mul_forward / grouped_mul_backward (csrc/ops.cpp).
+_GMFWD_SCHEMA = (
+    "(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-06, "
+    "float? hidden_clamp=None, float output_scale=1.0) -> (Tensor out, Tensor rstd)"
+)
+_GMBWD_SCHEMA = (
+    "(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, Tensor rstd, "
+    "float? hidden_clamp=None, float output_scale=1.0) -> "
+    "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)"
+)
+
+
+@_op("polynorm::grouped_mul_forward_triton", mutates_args=(), schema=_GMFWD_SCHEMA)
+def poly_norm_grouped_mul_forward_triton(
+    x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps: float = 1e-6,
+    hidden_clamp: float | None = None, output_scale: float = 1.0,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Grouped fused-mul PolyNorm forward in Triton (docs/MATH.md (12), (14)-(15)), the schema of
+    ``polynorm::grouped_mul_forward``: for a row of expert e,
+    ``out = round(output_scale * clamp_c(PolyNorm_e(clamp_c(x)) * clamp_c(mul)))`` with
+    weight[e] and bias[e] as PolyNorm's coefficients (w~, b~: any sigmoid or bias clamp is
+    applied by the caller) and ``c = hidden_clamp`` (None: no clamp).
+
+    Args:
+        x, mul: ``(..., H)`` of one float dtype, rows sorted by expert; each read in place
+            when its leading dims collapse into one row stride, whatever its last-dim stride.
+        weight ``[E, 3]``, bias ``[E]`` or ``[E, 1]``, offsets ``[E]``, eps: as
+            ``grouped_forward_triton``.
+        hidden_clamp: None or > 0. output_scale: finite.
+
+    Returns:
+        out: x's shape and dtype, contiguous (0 on rows of no expert). rstd: ``(M, 3)`` of
+        x~ = clamp_c(x), fp32 (fp64 for fp64 x).
+
+    Raises:
+        TypeError, ValueError, RuntimeError: naming ``polynorm.grouped_mul_forward_triton``.
+    """
+    eps = check_grouped_mul_forward_args(_GMFWD, x, mul, weight, bias, offsets, eps, hidden_clamp, None, output_scale)
+    _check_runs_here(_GMFWD, x)
+    x_rows, M, H, x_rs, x_cs = _as_strided_rows(x)
+    m_rows, _, _, m_rs, m_cs = _as_strided_rows(mul)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    rstd = torch.empty((M, 3), dtype=_acc_dtype(x.dtype), device=x.device)
+    if M == 0:
+        return out, rstd
+    E = weight.shape[0]
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
+    if _launchable(x_rows, m_rows, weight, bias, offsets):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_mul_fwd_kernel)[((M + block_m - 1) // block_m,)](
+                x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, out, rstd, weight, weight.stride(0), weight.stride(1),
+                bias, bias.stride(0), offsets, offsets.stride(0), E, _search_steps(E), M, H, eps,
+                _clamp_arg(hidden_clamp), float(output_scale),
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
+    return out, rstd
+
+
+@_op("polynorm::grouped_mul_backward_triton", mutates_args=(), schema=_GMBWD_SCHEMA)
+def poly_norm_grouped_mul_backward_triton(
+    grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, rstd: Tensor,
+    hidden_clamp: float | None = None, output_scale: float = 1.0,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # fmt: skip
+    """Grouped fused-mul PolyNorm backward in Triton (docs/MATH.md (16)-(18)), the schema of
+    ``polynorm::grouped_mul_backward``.
+
+    Returns:
+        grad_x and grad_mul: x's shape and dtype, contiguous; 0 where the hidden clamp moved
+        the input, and on rows of no expert. grad_weight ``[E, 3]`` and grad_bias ``[E]``:
+        the gradients of the coefficients w~ and b~, each expert's summed over its rows in
+        fp32 (fp64 for fp64 x) in an order that depends only on its row count.
+
+    Raises:
+        RuntimeError: as the forward; grad_out not of x's shape, dtype and device; rstd not
+            ``(M, 3)`` of the accumulation dtype.
+    """
+    check_grouped_mul_backward_args(_GMBWD, grad_out, x, mul, weight, bias, offsets, rstd)
+    check_grouped_mul_options(_GMBWD, hidden_clamp, None, output_scale)
+    _check_runs_here(_GMBWD, x)
+    acc = _acc_dtype(x.dtype)
+    x_rows, M, H, x_rs, x_cs = _as_strided_rows(x)
+    m_rows, _, _, m_rs, m_cs = _as_strided_rows(mul)
+    go_rows, _, _, go_rs = _as_rows(grad_out)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    E = weight.shape[0]
+    if M == 0:
+        return grad_x, grad_mul, x.new_zeros((E, 3), dtype=acc), x.new_zeros((E,), dtype=acc)
+    rstd_c = rstd.contiguous()  # [M, 3]: at most a small copy
+    grad_weight = x.new_empty((E, 3), dtype=acc)
+    grad_bias = x.new_empty((E,), dtype=acc)
+    partials = x.new_empty((M, 4), dtype=acc)
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "backward")
+    if _launchable(x_rows, m_rows, go_rows, weight, bias, offsets, rstd_c):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_mul_bwd_kernel)[((M + block_m - 1) // block_m,)](
+                go_rows, go_rs, x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, rstd_c,
+                weight, weight.stride(0), weight.stride(1), bias, bias.stride(0), offsets, offsets.stride(0),
+                E, _search_steps(E), grad_x, grad_mul, partials, M, H,
+                _clamp_arg(hidden_clamp), float(output_scale),
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+            )  # fmt: skip
+            wrap_triton(_poly_norm_grouped_param_kernel)[(E,)](
+                partials, offsets, offsets.stride(0), M, grad_weight, grad_bias, BLOCK_R=_PARAM_BLOCK_R, num_warps=4
+            )
+    return grad_x, grad_mul, grad_weight, grad_bias
