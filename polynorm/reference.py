@@ -230,9 +230,10 @@ def _grouped_rows(xc: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps
     return y, owned
 
 
-def _hidden_clamp(v: Tensor, c) -> Tensor:
-    # MATH.md (12): clamp_c(v), whose gradient passes where v is left as it is (|v| <= c, and
-    # a NaN); None: no clamp.
+def _clamp(v: Tensor, c) -> Tensor:
+    # MATH.md (12), (13): clamp_c(v), whose gradient passes where v is left as it is (|v| <= c,
+    # the boundary included, and a NaN); None: no clamp. Two selects rather than torch.clamp,
+    # whose gradient at the boundary is not the same on every torch release (0 on 2.14).
     if c is None:
         return v
     return torch.where(v > c, torch.full((), c, dtype=v.dtype, device=v.device),
@@ -254,7 +255,7 @@ def expert_coefficients(
         w = torch.sigmoid(w)
     b = bias.to(dtype).reshape(bias.shape[0])
     if bias_clamp is not None:
-        b = b.clamp(-bias_clamp, bias_clamp)
+        b = _clamp(b, float(bias_clamp))
     return w, b
 
 
@@ -317,9 +318,9 @@ def _poly_norm_grouped_mul(x: Tensor, mul: Tensor, w: Tensor, b: Tensor, offsets
                            output_scale: float, dtype: torch.dtype) -> Tensor:  # fmt: skip
     # poly_norm_grouped_mul without the checks, from the coefficients w~, b~ (in dtype).
     H = x.shape[-1]
-    xc = _hidden_clamp(x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
-    mc = _hidden_clamp(mul.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    xc = _clamp(x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    mc = _clamp(mul.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
     y, owned = _grouped_rows(xc, w, b, offsets, eps)
-    out = output_scale * _hidden_clamp(y * torch.where(owned, mc, torch.zeros((), dtype=dtype, device=x.device)), hidden_clamp)
+    out = output_scale * _clamp(y * torch.where(owned, mc, torch.zeros((), dtype=dtype, device=x.device)), hidden_clamp)
     out = torch.where(owned, out, torch.zeros((), dtype=dtype, device=x.device))
     return out.to(x.dtype).reshape(x.shape)

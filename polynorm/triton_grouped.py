@@ -62,6 +62,8 @@ from polynorm.triton_kernels import (
     _to_out,
 )
 from polynorm.triton_math import (
+    add_row_grad_sums,
+    add_row_sums,
     backward_coeffs,
     forward_coeffs,
     grad_x_value,
