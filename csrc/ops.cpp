@@ -243,6 +243,51 @@ void check_grouped_mul_backward_args(const at::Tensor& grad_out, const at::Tenso
   check_grouped_mul_options(op, hidden_clamp, output_scale);
 }
 
+void check_grouped_mul_topk_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                 const at::Tensor& bias, const at::Tensor& topk_ids,
+                                 const std::optional<at::Tensor>& expert_map, double eps,
+                                 std::optional<double> hidden_clamp, double output_scale, const at::Tensor& out) {
+  constexpr const char* op = "polynorm.grouped_mul_topk_forward";
+  check_x(op, "x", x);
+  check_defined(op, "weight", weight);
+  TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
+              ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == 3 && weight.size(0) >= 1, op,
+              ": expected weight of shape [E, 3] with E >= 1 (local experts), got ", shape(weight.sizes()));
+  TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(), ", got ",
+              weight.device());
+  const int64_t E = weight.size(0);
+  check_defined(op, "bias", bias);
+  TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
+              ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
+  TORCH_CHECK((bias.dim() == 1 && bias.size(0) == E) || (bias.dim() == 2 && bias.size(0) == E && bias.size(1) == 1),
+              op, ": expected bias of shape [", num(E), "] or [", num(E), ", 1] (weight's E experts), got ",
+              shape(bias.sizes()));
+  TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
+              bias.device());
+  check_eps(op, eps);
+  check_like_x(op, "mul", mul, x);
+  check_like_x(op, "out", out, x);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
+  check_defined(op, "topk_ids", topk_ids);
+  TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong, op,
+              ": expected topk_ids to be int32 or int64, got ", topk_ids.scalar_type());
+  const int64_t M = x.numel() / x.size(-1);
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) * topk_ids.size(1) == M, op,
+              ": expected topk_ids of shape [T, K] with T * K = ", num(M), " (x's rows), got ",
+              shape(topk_ids.sizes()));
+  TORCH_CHECK(topk_ids.device() == x.device(), op, ": expected topk_ids on x's device ", x.device(), ", got ",
+              topk_ids.device());
+  if (expert_map.has_value() && expert_map->defined()) {
+    TORCH_CHECK((expert_map->scalar_type() == at::kInt || expert_map->scalar_type() == at::kLong) &&
+                    expert_map->dim() == 1,
+                op, ": expected expert_map to be a 1-D int32 or int64 tensor, got ", expert_map->scalar_type(),
+                " of shape ", shape(expert_map->sizes()));
+    TORCH_CHECK(expert_map->device() == x.device(), op, ": expected expert_map on x's device ", x.device(),
+                ", got ", expert_map->device());
+  }
+}
+
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& offsets, const at::Tensor& rstd) {
   constexpr const char* op = "polynorm.grouped_backward";
@@ -317,4 +362,9 @@ TORCH_LIBRARY(polynorm, m) {
   m.def("grouped_mul_backward(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, "
         "Tensor rstd, float? hidden_clamp=None, float output_scale=1.0) -> "
         "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)");
+  // Its forward in the token-major layout of a fused MoE: row r of x and mul (T * K rows) is token
+  // r / K's slot r % K, of local expert expert_map[topk_ids[r / K][r % K]] (the id itself without a
+  // map); a row whose map entry is -1 (another rank's expert) is neither read nor written in out.
+  m.def("grouped_mul_topk_forward(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor topk_ids, "
+        "Tensor? expert_map, float eps, float? hidden_clamp, float output_scale, Tensor(a!) out) -> ()");
 }

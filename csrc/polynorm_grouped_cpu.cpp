@@ -200,10 +200,13 @@ bool clamped(acc_t v, acc_t c) {
   return v > c || v < -c;
 }
 
+// out: rows out_row_stride apart. rstd: [M, 3], or nullptr (the token-major forward keeps none).
+// A row of no expert is not read; its out and rstd are 0, or, with keep_unowned (the token-major
+// layout's rows of another rank's experts), out is left as it is.
 template <typename scalar_t, typename Lookup>
-void grouped_mul_fwd_rows(const StridedRows& x, const StridedRows& mul, scalar_t* out,
+void grouped_mul_fwd_rows(const StridedRows& x, const StridedRows& mul, scalar_t* out, int64_t out_row_stride,
                           at::opmath_type<scalar_t>* rstd, const Lookup& params_of, double eps, double clamp,
-                          double scale) {
+                          double scale, bool keep_unowned) {
   using acc_t = at::opmath_type<scalar_t>;
   const scalar_t* x_data = x.tensor.const_data_ptr<scalar_t>();
   const scalar_t* m_data = mul.tensor.const_data_ptr<scalar_t>();
@@ -211,11 +214,11 @@ void grouped_mul_fwd_rows(const StridedRows& x, const StridedRows& mul, scalar_t
   const acc_t c = static_cast<acc_t>(clamp), s = static_cast<acc_t>(scale);
   at::parallel_for(0, x.M, row_grain(H), [&](int64_t begin, int64_t end) {
     for (int64_t row = begin; row < end; ++row) {
-      scalar_t* out_row = out + row * H;
+      scalar_t* out_row = out + row * out_row_stride;
       const Params<acc_t>* p = params_of(row);
       if (p == nullptr) {  // a row of no expert: not read
-        std::fill(out_row, out_row + H, scalar_t(0));
-        std::fill(rstd + row * 3, rstd + row * 3 + 3, acc_t(0));
+        if (!keep_unowned) std::fill(out_row, out_row + H, scalar_t(0));
+        if (rstd != nullptr) std::fill(rstd + row * 3, rstd + row * 3 + 3, acc_t(0));
         continue;
       }
       const scalar_t* x_row = x_data + row * x.row_stride;
@@ -225,9 +228,11 @@ void grouped_mul_fwd_rows(const StridedRows& x, const StridedRows& mul, scalar_t
       const acc_t inv_h = acc_t(1) / static_cast<acc_t>(H);
       const acc_t e = static_cast<acc_t>(eps);
       const acc_t r1 = rstd_of(sums[0], inv_h, e), r2 = rstd_of(sums[1], inv_h, e), r3 = rstd_of(sums[2], inv_h, e);
-      rstd[row * 3 + 0] = r3;
-      rstd[row * 3 + 1] = r2;
-      rstd[row * 3 + 2] = r1;
+      if (rstd != nullptr) {
+        rstd[row * 3 + 0] = r3;
+        rstd[row * 3 + 1] = r2;
+        rstd[row * 3 + 2] = r1;
+      }
       const auto& [w0, w1, w2, b] = *p;
       const HornerCoeffs<acc_t> a = forward_coeffs(w0, w1, w2, r3, r2, r1);
       for (int64_t j = 0; j < H; ++j) {  // MATH.md (14)-(15): one rounding
@@ -317,8 +322,9 @@ std::tuple<at::Tensor, at::Tensor> poly_norm_grouped_mul_forward_cpu(const at::T
     using acc_t = at::opmath_type<scalar_t>;
     AT_DISPATCH_INDEX_TYPES(offsets.scalar_type(), "polynorm.grouped_mul_forward", [&] {
       const ExpertParams<acc_t, index_t> params(weight, &bias, offsets, x_rows.M);
-      grouped_mul_fwd_rows<scalar_t>(x_rows, m_rows, out.mutable_data_ptr<scalar_t>(), rstd.mutable_data_ptr<acc_t>(),
-                                     params, eps, clamp_value(hidden_clamp), output_scale);
+      grouped_mul_fwd_rows<scalar_t>(x_rows, m_rows, out.mutable_data_ptr<scalar_t>(), x_rows.H,
+                                     rstd.mutable_data_ptr<acc_t>(), params, eps, clamp_value(hidden_clamp),
+                                     output_scale, false);
     });
   });
   return {out, rstd};
@@ -367,6 +373,72 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> poly_norm_grouped_mul
   return {grad_x, grad_mul, grad_weight, grad_bias};
 }
 
+// The token-major layout's lookup: row r is token r / K's slot r % K, whose local expert is
+// expert_map[topk_ids[r / K][r % K]] (the id itself without a map). An id outside [0, n_ids) or a map
+// entry outside [0, E) (-1: another rank's expert) gives nullptr: nothing out of bounds is read.
+template <typename acc_t, typename id_t, typename map_t>
+struct TopkParams {
+  std::vector<Params<acc_t>> params;  // [E][w0, w1, w2, b]
+  const id_t* ids;                    // [T, K]
+  int64_t s0, s1, K;
+  const map_t* map;  // [n_ids] or nullptr
+  int64_t map_stride, n_ids;
+
+  const Params<acc_t>* operator()(int64_t row) const {
+    const int64_t id = static_cast<int64_t>(ids[(row / K) * s0 + (row % K) * s1]);
+    if (id < 0 || id >= n_ids) return nullptr;
+    const int64_t e = map != nullptr ? static_cast<int64_t>(map[id * map_stride]) : id;
+    return e >= 0 && e < static_cast<int64_t>(params.size()) ? &params[e] : nullptr;
+  }
+};
+
+void poly_norm_grouped_mul_topk_forward_cpu(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                            const at::Tensor& bias, const at::Tensor& topk_ids,
+                                            const std::optional<at::Tensor>& expert_map, double eps,
+                                            std::optional<double> hidden_clamp, double output_scale,
+                                            const at::Tensor& out) {
+  check_grouped_mul_topk_args(x, mul, weight, bias, topk_ids, expert_map, eps, hidden_clamp, output_scale, out);
+  const StridedRows x_rows = as_strided_rows(x);
+  const StridedRows m_rows = as_strided_rows(mul);
+  const Rows out_rows = as_rows(out);
+  TORCH_CHECK(out_rows.tensor.is_same(out), "polynorm.grouped_mul_topk_forward: expected out with a unit last-dim "
+              "stride and one row stride (it is written in place), got another layout");
+  if (x_rows.M == 0) return;
+  const bool has_map = expert_map.has_value() && expert_map->defined();
+  const int64_t E = weight.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "polynorm.grouped_mul_topk_forward", [&] {
+    using acc_t = at::opmath_type<scalar_t>;
+    const auto acc = c10::CppTypeToScalarType<acc_t>::value;
+    const at::Tensor w = weight.to(acc).contiguous();  // [E, 3]
+    const at::Tensor b = bias.reshape({E}).to(acc).contiguous();
+    std::vector<Params<acc_t>> params(E);
+    for (int64_t e = 0; e < E; ++e) {
+      params[e] = {w.const_data_ptr<acc_t>()[e * 3], w.const_data_ptr<acc_t>()[e * 3 + 1],
+                   w.const_data_ptr<acc_t>()[e * 3 + 2], b.const_data_ptr<acc_t>()[e]};
+    }
+    const auto run = [&](auto id_tag, auto map_tag) {
+      using id_t = decltype(id_tag);
+      using map_t = decltype(map_tag);
+      TopkParams<acc_t, id_t, map_t> lookup{params,
+                                             topk_ids.const_data_ptr<id_t>(),
+                                             topk_ids.stride(0),
+                                             topk_ids.stride(1),
+                                             topk_ids.size(1),
+                                             has_map ? expert_map->const_data_ptr<map_t>() : nullptr,
+                                             has_map ? expert_map->stride(0) : 0,
+                                             has_map ? expert_map->size(0) : E};
+      grouped_mul_fwd_rows<scalar_t>(x_rows, m_rows, out.mutable_data_ptr<scalar_t>(), out_rows.row_stride, nullptr,
+                                     lookup, eps, clamp_value(hidden_clamp), output_scale, true);
+    };
+    const bool map64 = has_map && expert_map->scalar_type() == at::kLong;
+    if (topk_ids.scalar_type() == at::kLong) {
+      map64 ? run(int64_t{}, int64_t{}) : run(int64_t{}, int32_t{});
+    } else {
+      map64 ? run(int32_t{}, int64_t{}) : run(int32_t{}, int32_t{});
+    }
+  });
+}
+
 // The CUDA kernels of this op are not written: CUDA tensors take the Triton kernels
 // (polynorm.poly_norm_grouped_mul with backend "auto" or "triton"). A direct call of the C++ op
 // on CUDA tensors says so, rather than copying to the CPU.
@@ -383,6 +455,12 @@ std::tuple<at::Tensor, at::Tensor> grouped_mul_forward_cuda(const at::Tensor&, c
   grouped_mul_cuda_not_implemented("polynorm.grouped_mul_forward");
 }
 
+void grouped_mul_topk_forward_cuda(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                   const at::Tensor&, const std::optional<at::Tensor>&, double,
+                                   std::optional<double>, double, const at::Tensor&) {
+  grouped_mul_cuda_not_implemented("polynorm.grouped_mul_topk_forward");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> grouped_mul_backward_cuda(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     const at::Tensor&, std::optional<double>, double) {
@@ -396,11 +474,13 @@ TORCH_LIBRARY_IMPL(polynorm, CPU, m) {
   m.impl("grouped_backward", &poly_norm_grouped_backward_cpu);
   m.impl("grouped_mul_forward", &poly_norm_grouped_mul_forward_cpu);
   m.impl("grouped_mul_backward", &poly_norm_grouped_mul_backward_cpu);
+  m.impl("grouped_mul_topk_forward", &poly_norm_grouped_mul_topk_forward_cpu);
 }
 
 TORCH_LIBRARY_IMPL(polynorm, CUDA, m) {
   m.impl("grouped_mul_forward", &grouped_mul_forward_cuda);
   m.impl("grouped_mul_backward", &grouped_mul_backward_cuda);
+  m.impl("grouped_mul_topk_forward", &grouped_mul_topk_forward_cuda);
 }
 
 }  // namespace polynorm

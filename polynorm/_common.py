@@ -386,6 +386,51 @@ def check_grouped_mul_backward_args(
     _check_rstd(op, x, rstd)
 
 
+def check_grouped_mul_topk_args(
+    op: str, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, topk_ids: Tensor, expert_map, eps,
+    hidden_clamp, output_scale, out: Tensor,
+) -> float:  # fmt: skip
+    """The checks of ``polynorm::grouped_mul_topk_forward`` (the token-major layout): x, mul,
+    weight and bias as for the grouped op; topk_ids ``[T, K]`` int32/int64 with T * K = M (x's
+    rows); expert_map None or 1-D int32/int64; all on x's device; out of x's shape, dtype and
+    device, with a unit last-dim stride and one row stride (written in place).
+
+    Returns:
+        eps as a Python float.
+    """
+    _check_x(op, x, False)
+    _check_float(op, "weight", weight)
+    if weight.dim() != 2 or weight.shape[1] != 3 or weight.shape[0] < 1:
+        raise RuntimeError(f"{op}: expected weight of shape [E, 3] with E >= 1 (local experts), got {list(weight.shape)}")
+    E = weight.shape[0]
+    _check_float(op, "bias", bias)
+    if tuple(bias.shape) not in ((E,), (E, 1)):
+        raise RuntimeError(f"{op}: expected bias of shape [{E}] or [{E}, 1] (weight's E experts), got {list(bias.shape)}")
+    _check_same_device(op, x, weight=weight, bias=bias)
+    eps = check_eps(op, eps)
+    _check_like_x(op, "mul", mul, x)
+    _check_like_x(op, "out", out, x)
+    check_grouped_mul_options(op, hidden_clamp, None, output_scale)
+    _check_tensor(op, "topk_ids", topk_ids)
+    if topk_ids.dtype not in _OFFSET_DTYPES:
+        raise RuntimeError(f"{op}: expected topk_ids to be int32 or int64, got {topk_ids.dtype}")
+    M = x.numel() // x.shape[-1]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] * topk_ids.shape[1] != M:
+        raise RuntimeError(
+            f"{op}: expected topk_ids of shape [T, K] with T * K = {M} (x's rows), got {list(topk_ids.shape)}"
+        )
+    _check_same_device(op, x, topk_ids=topk_ids)
+    if expert_map is not None:
+        _check_tensor(op, "expert_map", expert_map)
+        if expert_map.dtype not in _OFFSET_DTYPES or expert_map.dim() != 1:
+            raise RuntimeError(
+                f"{op}: expected expert_map to be a 1-D int32 or int64 tensor, got {expert_map.dtype} of shape "
+                f"{list(expert_map.shape)}"
+            )
+        _check_same_device(op, x, expert_map=expert_map)
+    return eps
+
+
 def saveable(t: Tensor) -> Tensor:
     """t as autograd can save it for backward: a tensor made under ``torch.inference_mode()``
     (which has no version counter, so autograd refuses to save it) is copied once, the clone

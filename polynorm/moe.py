@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from polynorm import reference
 from polynorm._common import (
     check_eps,
+    check_grouped_mul_topk_args,
     check_grouped_mul_backward_args,
     check_grouped_mul_forward_args,
     check_grouped_mul_options,
@@ -38,7 +39,7 @@ except ImportError as _error:  # Triton is optional
     _triton_grouped = None
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
-__all__ = ["GroupedMulPolyNorm", "poly_norm_grouped_mul"]
+__all__ = ["GroupedMulPolyNorm", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk"]
 
 
 @torch.library.register_fake("polynorm::grouped_mul_forward")
@@ -205,6 +206,85 @@ def poly_norm_grouped_mul(
     w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=acc)
     op = torch.ops.polynorm.grouped_mul_forward_triton if use_triton else torch.ops.polynorm.grouped_mul_forward
     return op(x, mul, w, b, offsets, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale))[0]
+
+
+@torch.library.register_fake("polynorm::grouped_mul_topk_forward")
+def _grouped_mul_topk_forward_fake(
+    x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, topk_ids: Tensor, expert_map: Tensor | None,
+    eps: float, hidden_clamp: float | None, output_scale: float, out: Tensor,
+) -> None:  # fmt: skip
+    check_grouped_mul_topk_args(
+        "polynorm.grouped_mul_topk_forward", x, mul, weight, bias, topk_ids, expert_map, eps, hidden_clamp,
+        output_scale, out,
+    )  # fmt: skip
+
+
+def poly_norm_grouped_mul_topk(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    topk_ids: Tensor,
+    expert_map: Tensor | None = None,
+    *,
+    out: Tensor | None = None,
+    eps: float = 1e-6,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    backend: str = "auto",
+) -> Tensor:
+    """Motif-3's MoE activation in the token-major layout of a fused MoE (vLLM's), forward only.
+
+    Row r of x and mul (T * K rows, e.g. a ``[T, K, 2 I]`` gate_up's halves) is token ``r // K``'s
+    slot ``r % K``; its local expert is ``expert_map[topk_ids[r // K, r % K]]`` (the id itself
+    without a map). Each row of a local expert e in ``[0, E)`` gets :func:`poly_norm_grouped_mul`'s
+    value with expert e's parameters and the same options; a row whose map entry is -1 (an expert
+    of another rank), or whose id is outside ``[0, len(expert_map))``, is neither read nor written.
+
+    Args:
+        x, mul: ``(..., H)`` of one float dtype, T * K rows, any strides as in
+            :func:`poly_norm_grouped_mul`.
+        weight ``[E, 3]``, bias ``[E]`` or ``[E, 1]``: the local experts' parameters.
+        topk_ids: ``[T, K]`` int32 or int64 global expert ids, on x's device.
+        expert_map: None, or ``[global E]`` int32 or int64: each global expert's local index,
+            -1 where it is not local.
+        out: None (a zero-filled result), or x's shape and dtype with a unit last-dim stride
+            and one row stride, written in place: rows of no local expert keep its values.
+        eps, sigmoid_weight, bias_clamp, hidden_clamp, output_scale: as in
+            :func:`poly_norm_grouped_mul`.
+        backend: ``"auto"`` (C++ on the CPU, Triton on CUDA), ``"triton"`` or ``"reference"``.
+
+    Returns:
+        out. No gradient: this is the serving path.
+
+    Raises:
+        TypeError, ValueError, RuntimeError: as :func:`poly_norm_grouped_mul`; topk_ids not
+            ``[T, K]`` int32/int64 with T * K rows; expert_map not 1-D int32/int64; out not of
+            x's shape and dtype or not writable in place. NotImplementedError: backend "cuda".
+    """
+    op_name = "polynorm.poly_norm_grouped_mul_topk"
+    if backend not in BACKENDS:
+        raise ValueError(f"{op_name}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+    check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
+    if out is None:
+        out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    options = dict(sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, hidden_clamp=hidden_clamp, output_scale=output_scale)
+    if backend == "reference":
+        out.copy_(reference.poly_norm_grouped_mul_topk(x, mul, weight, bias, topk_ids, expert_map, eps, out=out, **options))
+        return out
+    if backend == "cuda":
+        raise NotImplementedError(
+            f"{op_name}: backend 'cuda' has no kernel for this op; use backend 'auto' or 'triton' for CUDA tensors"
+        )
+    use_triton = backend == "triton" or x.is_cuda
+    if use_triton and _triton_grouped is None:
+        raise RuntimeError(f"{op_name}: the Triton kernels need the triton package, which failed to import: {_TRITON_IMPORT_ERROR}")
+    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=rstd_dtype(x.dtype))
+    op = torch.ops.polynorm.grouped_mul_topk_forward_triton if use_triton else torch.ops.polynorm.grouped_mul_topk_forward
+    op(x, mul, w, b, topk_ids, expert_map, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale), out)
+    return out
 
 
 class GroupedMulPolyNorm(nn.Module):

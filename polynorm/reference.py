@@ -16,7 +16,7 @@ from torch import Tensor
 
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_mul", "rstd"]
+__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk", "poly_norm_mul", "rstd"]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
@@ -219,8 +219,14 @@ def _grouped_rows(xc: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps
     rows = torch.arange(xc.shape[0], device=xc.device)
     # The first e with offsets[e] > row: the row's expert, E for a row of no expert.
     expert = torch.searchsorted(offsets.to(torch.int64).contiguous(), rows, right=True)
-    owned = (expert < E)[:, None]
-    e = expert.clamp(max=E - 1)
+    return _rows_of_experts(xc, weight, bias, expert, eps)
+
+
+def _rows_of_experts(xc: Tensor, weight: Tensor, bias: Tensor, expert: Tensor, eps) -> tuple[Tensor, Tensor]:
+    # _grouped_rows from each row's expert ([M] int64; outside [0, E): no expert's row).
+    E = weight.shape[0]
+    owned = ((expert >= 0) & (expert < E))[:, None]
+    e = expert.clamp(0, E - 1)
     w = weight.reshape(E, 3)[e]  # [M, 3]
     b = bias.reshape(E, 1)[e]  # [M, 1]
     # Rows of no expert are never used: replaced by ones so that their statistics stay finite
@@ -315,12 +321,61 @@ def poly_norm_grouped_mul(
 
 
 def _poly_norm_grouped_mul(x: Tensor, mul: Tensor, w: Tensor, b: Tensor, offsets: Tensor, eps, hidden_clamp,
-                           output_scale: float, dtype: torch.dtype) -> Tensor:  # fmt: skip
-    # poly_norm_grouped_mul without the checks, from the coefficients w~, b~ (in dtype).
+                           output_scale: float, dtype: torch.dtype, expert: Tensor | None = None) -> Tensor:  # fmt: skip
+    # poly_norm_grouped_mul without the checks, from the coefficients w~, b~ (in dtype); each
+    # row's expert from offsets, or given ([M] int64, outside [0, E) for no expert's row).
     H = x.shape[-1]
     xc = _clamp(x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
     mc = _clamp(mul.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
-    y, owned = _grouped_rows(xc, w, b, offsets, eps)
+    if expert is None:
+        y, owned = _grouped_rows(xc, w, b, offsets, eps)
+    else:
+        y, owned = _rows_of_experts(xc, w, b, expert, eps)
     out = output_scale * _clamp(y * torch.where(owned, mc, torch.zeros((), dtype=dtype, device=x.device)), hidden_clamp)
     out = torch.where(owned, out, torch.zeros((), dtype=dtype, device=x.device))
     return out.to(x.dtype).reshape(x.shape)
+
+
+def poly_norm_grouped_mul_topk(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    topk_ids: Tensor,
+    expert_map: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    out: Tensor | None = None,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """:func:`poly_norm_grouped_mul` in the token-major layout of a fused MoE, in plain PyTorch.
+
+    Row r of x and mul (T * K rows) is token ``r // K``'s slot ``r % K``; its local expert is
+    ``expert_map[topk_ids[r // K, r % K]]`` (the id itself without a map). Rows of a local
+    expert in ``[0, E)`` get the activation; the others (a map entry of -1: another rank's
+    expert) keep out's values, or 0 without ``out``. Returns a new tensor (out is not written);
+    the oracle of ``polynorm::grouped_mul_topk_forward`` with ``compute_dtype=torch.float64``.
+    """
+    from polynorm._common import check_grouped_mul_topk_args
+
+    base = torch.zeros_like(x, memory_format=torch.contiguous_format) if out is None else out
+    eps = check_grouped_mul_topk_args(
+        "polynorm.reference.poly_norm_grouped_mul_topk", x, mul, weight, bias, topk_ids, expert_map, eps,
+        hidden_clamp, output_scale, base,
+    )  # fmt: skip
+    dtype = _compute_dtype(x, compute_dtype)
+    w, b = expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=dtype)
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    n_ids = expert_map.shape[0] if expert_map is not None else weight.shape[0]
+    valid = (ids >= 0) & (ids < n_ids)
+    safe = torch.where(valid, ids, 0)
+    local = expert_map.to(torch.int64)[safe] if expert_map is not None else safe
+    expert = torch.where(valid, local, -1)
+    act = _poly_norm_grouped_mul(x, mul, w, b, None, eps, hidden_clamp, float(output_scale), dtype, expert=expert)
+    owned = ((expert >= 0) & (expert < weight.shape[0])).reshape(-1, 1)
+    H = x.shape[-1]
+    return torch.where(owned, act.reshape(-1, H), base.reshape(-1, H)).reshape(x.shape)

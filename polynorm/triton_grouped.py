@@ -44,6 +44,7 @@ from polynorm._common import (
     check_grouped_mul_backward_args,
     check_grouped_mul_forward_args,
     check_grouped_mul_options,
+    check_grouped_mul_topk_args,
 )
 from polynorm.triton_kernels import (
     _acc_dtype,
@@ -79,6 +80,7 @@ __all__ = [
     "poly_norm_grouped_forward_triton",
     "poly_norm_grouped_mul_backward_triton",
     "poly_norm_grouped_mul_forward_triton",
+    "poly_norm_grouped_mul_topk_forward_triton",
 ]
 
 
@@ -435,6 +437,22 @@ def _mul_grad_tile(go, x, m, a1, a2, a3, b, c, s):
     return xc, y, q, q * mc
 
 
+@triton.jit
+def _topk_expert_of(topk_ptr, s0, s1, K, map_ptr, map_stride, n_ids, E, rows, in_range, HAS_MAP: tl.constexpr):
+    # The token-major layout's row r = (token r // K, slot r % K): its local expert
+    # expert_map[topk_ids[r // K, r % K]] (the id itself without a map), and whether it has one in
+    # [0, E). An id outside [0, n_ids) or a map entry outside [0, E) (-1: not local) is no row's:
+    # nothing out of bounds is read.
+    gid = tl.load(topk_ptr + (rows // K) * s0 + (rows % K) * s1, mask=in_range, other=-1).to(tl.int64)
+    valid = in_range & (gid >= 0) & (gid < n_ids)
+    if HAS_MAP:
+        local = tl.load(map_ptr + gid * map_stride, mask=valid, other=-1).to(tl.int64)
+    else:
+        local = gid
+    owned = valid & (local >= 0) & (local < E)
+    return tl.where(owned, local, 0), owned
+
+
 @triton.jit(do_not_specialize=["M"])
 def _poly_norm_grouped_mul_fwd_kernel(
     x_ptr,  # [M, H] gate: element (row, j) at row * x_row_stride + j * x_col_stride
@@ -443,17 +461,25 @@ def _poly_norm_grouped_mul_fwd_kernel(
     m_ptr,  # [M, H] up, x's dtype: strides of its own
     m_row_stride,
     m_col_stride,
-    out_ptr,  # [M, H] contiguous, x's dtype
+    out_ptr,  # [M, H] x's dtype, unit column stride, rows out_row_stride apart
+    out_row_stride,
     rstd_ptr,  # [M, 3] fp32 (fp64 for fp64 x): rstd of x~^3, x~^2, x~; 0 on rows of no expert
     w_ptr,  # [E, 3] any float dtype: w~ per expert
     w_stride0,
     w_stride1,
     b_ptr,  # [E] any float dtype: b~ per expert
     b_stride,
-    offsets_ptr,  # [E] int32 or int64: cumulative end offsets
+    offsets_ptr,  # [E] int32 or int64: cumulative end offsets (TOPK: unused)
     offsets_stride,
     E,
     n_steps,
+    topk_ptr,  # TOPK: [T, K] int32 or int64 global expert ids, row r = (r // K, r % K)
+    topk_stride0,
+    topk_stride1,
+    K,
+    map_ptr,  # TOPK and HAS_MAP: [global E] int32 or int64, the local expert or -1
+    map_stride,
+    n_ids,  # TOPK: the number of global experts (ids outside [0, n_ids) are no row's)
     M,
     H,
     eps: tl.float64,
@@ -462,15 +488,24 @@ def _poly_norm_grouped_mul_fwd_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_H: tl.constexpr,
     ONE_BLOCK: tl.constexpr,
+    TOPK: tl.constexpr,  # the token-major layout: rows of no local expert are left untouched, no rstd
+    HAS_MAP: tl.constexpr,
 ):
     ACC = rstd_ptr.dtype.element_ty
     rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] int64
     in_range = rows < M
-    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
-    owned = in_range & (expert < E)  # rows of no expert are not read
+    if TOPK:
+        expert, owned = _topk_expert_of(
+            topk_ptr, topk_stride0, topk_stride1, K, map_ptr, map_stride, n_ids, E, rows, in_range, HAS_MAP
+        )
+        written = owned  # rows of no local expert: not read, not written
+    else:
+        expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+        owned = in_range & (expert < E)  # rows of no expert are not read
+        written = in_range
     x_rows = x_ptr + rows * x_row_stride  # per-row base pointers, 64-bit offsets
     m_rows = m_ptr + rows * m_row_stride
-    out_rows = out_ptr + rows * H
+    out_rows = out_ptr + rows * out_row_stride
     cols = tl.arange(0, BLOCK_H)
     c = tl.full([], clamp, ACC)
     s = tl.full([], scale, ACC)
@@ -496,17 +531,18 @@ def _poly_norm_grouped_mul_fwd_kernel(
     r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
     r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
     r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
-    _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
+    if not TOPK:
+        _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
 
     w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
     ha1, ha2, ha3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
     b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
 
-    # out = round(s clamp_c(y m~)), MATH.md (14)-(15); 0 on rows of no expert.
+    # out = round(s clamp_c(y m~)), MATH.md (14)-(15); 0 on rows of no expert (TOPK: untouched).
     if ONE_BLOCK:
         m = _clamp_c(_load_acc(m_rows, cols * m_col_stride, mask, ACC), c)
         o = tl.where(owned[:, None], s * _clamp_c(poly_value(x, ha1, ha2, ha3, b) * m, c), 0.0)
-        out_mask = in_range[:, None] & (cols < H)[None, :]
+        out_mask = written[:, None] & (cols < H)[None, :]
         tl.store(out_rows[:, None] + cols[None, :], _to_out(o, out_ptr.dtype.element_ty), mask=out_mask)
     else:
         for c0 in range(0, H, BLOCK_H):
@@ -515,7 +551,7 @@ def _poly_norm_grouped_mul_fwd_kernel(
             xt = _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c)
             mt = _clamp_c(_load_acc(m_rows, cc * m_col_stride, mask, ACC), c)
             o = tl.where(owned[:, None], s * _clamp_c(poly_value(xt, ha1, ha2, ha3, b) * mt, c), 0.0)
-            out_mask = in_range[:, None] & (cc < H)[None, :]
+            out_mask = written[:, None] & (cc < H)[None, :]
             tl.store(out_rows[:, None] + cc[None, :], _to_out(o, out_ptr.dtype.element_ty), mask=out_mask)
 
 
@@ -705,10 +741,11 @@ def poly_norm_grouped_mul_forward_triton(
     if _launchable(x_rows, m_rows, weight, bias, offsets):
         with _on_device_of(x):
             wrap_triton(_poly_norm_grouped_mul_fwd_kernel)[((M + block_m - 1) // block_m,)](
-                x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, out, rstd, weight, weight.stride(0), weight.stride(1),
-                bias, bias.stride(0), offsets, offsets.stride(0), E, _search_steps(E), M, H, eps,
-                _clamp_arg(hidden_clamp), float(output_scale),
-                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, num_warps=num_warps,
+                x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, out, H, rstd, weight, weight.stride(0), weight.stride(1),
+                bias, bias.stride(0), offsets, offsets.stride(0), E, _search_steps(E),
+                offsets, 0, 0, 1, offsets, 0, 0,  # no token-major lookup
+                M, H, eps, _clamp_arg(hidden_clamp), float(output_scale),
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, TOPK=False, HAS_MAP=False, num_warps=num_warps,
             )  # fmt: skip
     return out, rstd
 
@@ -761,3 +798,61 @@ def poly_norm_grouped_mul_backward_triton(
                 partials, offsets, offsets.stride(0), M, grad_weight, grad_bias, BLOCK_R=_PARAM_BLOCK_R, num_warps=4
             )
     return grad_x, grad_mul, grad_weight, grad_bias
+
+
+_GMTOPK = "polynorm.grouped_mul_topk_forward_triton"
+# The schema of polynorm::grouped_mul_topk_forward (csrc/ops.cpp).
+_GMTOPK_SCHEMA = (
+    "(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor topk_ids, Tensor? expert_map, float eps, "
+    "float? hidden_clamp, float output_scale, Tensor(a!) out) -> ()"
+)
+
+
+@_op("polynorm::grouped_mul_topk_forward_triton", mutates_args=("out",), schema=_GMTOPK_SCHEMA)
+def poly_norm_grouped_mul_topk_forward_triton(
+    x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, topk_ids: Tensor, expert_map: Tensor | None,
+    eps: float, hidden_clamp: float | None, output_scale: float, out: Tensor,
+) -> None:  # fmt: skip
+    """Motif-3's MoE activation in the token-major layout of a fused-MoE (docs/MATH.md (12)-(15)),
+    forward only, in Triton: row r of x and mul (T * K rows) is token ``r // K``'s slot ``r % K``,
+    whose local expert is ``expert_map[topk_ids[r // K, r % K]]`` (the id itself without a map).
+    Each row with a local expert in ``[0, E)`` gets ``out = round(output_scale *
+    clamp_c(PolyNorm_e(clamp_c(x)) * clamp_c(mul)))`` with weight[e], bias[e] as PolyNorm's
+    coefficients; a row whose map entry is -1 (an expert of another rank), or whose id is
+    outside the map, is neither read nor written: out keeps what it held.
+
+    Args:
+        x, mul: ``(..., H)``, T * K rows, any strides as in ``grouped_mul_forward_triton``.
+        weight ``[E, 3]``, bias ``[E]`` or ``[E, 1]``: the local experts' coefficients.
+        topk_ids: ``[T, K]`` int32 or int64, global expert ids.
+        expert_map: None, or ``[global E]`` int32 or int64: each global expert's local index,
+            -1 where it is not local.
+        eps, hidden_clamp, output_scale: as in ``grouped_mul_forward_triton``.
+        out: x's shape and dtype, unit last-dim stride and one row stride: written in place.
+    """
+    eps = check_grouped_mul_topk_args(
+        _GMTOPK, x, mul, weight, bias, topk_ids, expert_map, eps, hidden_clamp, output_scale, out
+    )
+    _check_runs_here(_GMTOPK, x)
+    x_rows, M, H, x_rs, x_cs = _as_strided_rows(x)
+    m_rows, _, _, m_rs, m_cs = _as_strided_rows(mul)
+    out_rows, _, _, out_rs = _as_rows(out)
+    if out_rows is not out:
+        raise RuntimeError(f"{_GMTOPK}: expected out with a unit last-dim stride and one row stride (it is written in place), got strides {list(out.stride())}")
+    if M == 0:
+        return
+    E = weight.shape[0]
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
+    rstd = torch.empty((0,), dtype=_acc_dtype(x.dtype), device=x.device)  # the accumulation dtype; not written
+    has_map = expert_map is not None
+    emap = expert_map if has_map else topk_ids
+    n_ids = expert_map.shape[0] if has_map else E
+    if _launchable(x_rows, m_rows, out, weight, bias, topk_ids, emap):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_mul_fwd_kernel)[((M + block_m - 1) // block_m,)](
+                x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, out, out_rs, rstd, weight, weight.stride(0), weight.stride(1),
+                bias, bias.stride(0), topk_ids, 0, E, 0,
+                topk_ids, topk_ids.stride(0), topk_ids.stride(1), topk_ids.shape[1], emap, emap.stride(0), n_ids,
+                M, H, eps, _clamp_arg(hidden_clamp), float(output_scale),
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, TOPK=True, HAS_MAP=has_map, num_warps=num_warps,
+            )  # fmt: skip

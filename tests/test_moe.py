@@ -313,3 +313,61 @@ def test_grouped_poly_norm_loads_bias_of_e_by_1():
     bias = torch.randn(4, 1)
     mod.load_state_dict({"weight": torch.randn(4, 3), "bias": bias})
     assert mod.bias.shape == (4,) and torch.equal(mod.bias.detach(), bias.reshape(4))
+
+
+# ---------------------------------------------------------------------------------------
+# The token-major layout (forward only)
+# ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device,backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("mapped", [True, False], ids=["expert_map", "no_map"])
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64], ids=str)
+def test_topk_layout(device, backend, dtype, mapped, ids_dtype):
+    """Rows of a local expert against the float64 oracle; rows of another rank's expert (map
+    entry -1) and ids outside the map keep out's values, bit for bit. x and mul are the halves
+    of a [T, K, 2H] gate_up, read in place."""
+    gen = torch.Generator().manual_seed(seed_for("moe-topk", backend, dtype, mapped, ids_dtype))
+    T, K, H, E_global = 6, 3, 40, 7
+    local = [1, 3, 4, 6]  # this rank's experts
+    expert_map = torch.full((E_global,), -1, dtype=ids_dtype)
+    expert_map[local] = torch.arange(len(local), dtype=ids_dtype)
+    n_ids = E_global if mapped else len(local)
+    topk_ids = torch.randint(0, n_ids, (T, K), generator=gen)
+    topk_ids[0, 0] = n_ids + 5  # outside the map: no row's
+    topk_ids = topk_ids.to(ids_dtype).to(device)
+    gate_up = torch.randn(T, K, 2 * H, generator=gen).to(dtype).to(device)
+    x, mul = gate_up.chunk(2, dim=-1)
+    w = (torch.randn(len(local), 3, generator=gen) + 0.3).to(device)
+    b = (torch.randn(len(local), 1, generator=gen) * 0.5).to(device)
+    emap = expert_map.to(device) if mapped else None
+    out = torch.full((T, K, H), 7.0, dtype=dtype, device=device)  # the workspace's old values
+    options = dict(sigmoid_weight=True, bias_clamp=0.5, hidden_clamp=1.5, output_scale=0.5)
+    got = polynorm.poly_norm_grouped_mul_topk(x, mul, w, b, topk_ids, emap, out=out, backend=backend, **options)
+    assert got is out
+    want = reference.poly_norm_grouped_mul_topk(
+        x.double(), mul.double(), w, b, topk_ids, emap, out=torch.full((T, K, H), 7.0, dtype=torch.float64, device=device),
+        compute_dtype=torch.float64, **options,
+    )  # fmt: skip
+    ids = topk_ids.reshape(-1).long().cpu()
+    owned = torch.tensor([0 <= i < n_ids and (expert_map[i] >= 0 if mapped else True) for i in ids.tolist()])
+    assert 0 < owned.sum() < T * K
+    rows, want_rows = out.reshape(-1, H).cpu(), want.reshape(-1, H).cpu()
+    assert (rows[~owned] == 7.0).all(), "a row of no local expert was written"
+    err = rel_l2(rows[owned], want_rows[owned])
+    assert err <= tolerance(dtype), f"{backend}: relative L2 error {err:.3g}"
+
+
+def test_topk_matches_sorted_layout():
+    """The token-major forward gives the expert-sorted op's bits for the same rows."""
+    gen = torch.Generator().manual_seed(seed_for("moe-topk-sorted"))
+    T, K, H, E = 5, 2, 24, 3
+    topk_ids = torch.randint(0, E, (T, K), generator=gen)
+    x, mul = torch.randn(T * K, H, generator=gen), torch.randn(T * K, H, generator=gen)
+    w, b = torch.randn(E, 3, generator=gen), torch.randn(E, 1, generator=gen)
+    got = polynorm.poly_norm_grouped_mul_topk(x, mul, w, b, topk_ids, **MOTIF3)
+    order = torch.argsort(topk_ids.reshape(-1), stable=True)
+    counts = torch.bincount(topk_ids.reshape(-1), minlength=E)
+    sorted_out = polynorm.poly_norm_grouped_mul(x[order], mul[order], w, b, counts=counts, **MOTIF3)
+    assert torch.equal(got[order], sorted_out)
