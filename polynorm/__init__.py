@@ -22,7 +22,7 @@ from polynorm import reference
 from polynorm.module import FusedMulPolyNorm, PolyNorm
 from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
-from polynorm.moe import GroupedMulPolyNorm, poly_norm_grouped_mul, poly_norm_grouped_mul_topk
+from polynorm.moe import GroupedMulPolyNorm, poly_norm_grouped_mul, poly_norm_grouped_mul_fp8, poly_norm_grouped_mul_topk
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
@@ -38,6 +38,7 @@ __all__ = [
     "poly_norm",
     "poly_norm_grouped",
     "poly_norm_grouped_mul",
+    "poly_norm_grouped_mul_fp8",
     "poly_norm_grouped_mul_topk",
     "poly_norm_mul",
     "reference",

@@ -39,7 +39,7 @@ except ImportError as _error:  # Triton is optional
     _triton_grouped = None
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
 
-__all__ = ["GroupedMulPolyNorm", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk"]
+__all__ = ["GroupedMulPolyNorm", "poly_norm_grouped_mul", "poly_norm_grouped_mul_fp8", "poly_norm_grouped_mul_topk"]
 
 
 @torch.library.register_fake("polynorm::grouped_mul_forward")
@@ -285,6 +285,73 @@ def poly_norm_grouped_mul_topk(
     op = torch.ops.polynorm.grouped_mul_topk_forward_triton if use_triton else torch.ops.polynorm.grouped_mul_topk_forward
     op(x, mul, w, b, topk_ids, expert_map, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale), out)
     return out
+
+
+def poly_norm_grouped_mul_fp8(
+    x: Tensor,
+    mul: Tensor | None,
+    weight: Tensor,
+    bias: Tensor,
+    offsets: Tensor | None = None,
+    *,
+    counts: Tensor | None = None,
+    eps: float = 1e-6,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    scale_format: str = "fp32",
+    backend: str = "auto",
+) -> tuple[Tensor, Tensor]:
+    """:func:`poly_norm_grouped_mul` (or, with ``mul=None``, :func:`polynorm.poly_norm_grouped`)
+    with an FP8 output for a DeepGEMM-style grouped GEMM, forward only (docs/MATH.md (20)-(22)).
+
+    The activation v, rounded to x's dtype exactly as the non-FP8 op writes it, is quantised to
+    float8_e4m3fn with one fp32 scale per group of 128 columns of a row:
+    ``scale = max(amax|v|, 1e-10) / 448``, rounded up to a power of two for ``"ue8m0"`` and
+    ``"ue8m0_packed"``, and ``q = e4m3(clamp(v / scale, -448, 448))`` rounded to nearest even:
+    ``q.float() * scale`` is v quantised by torch's own float8 conversion with the same scales
+    (:func:`polynorm.reference.quantize_fp8_groups`). A single-expert fused op is E = 1 with
+    ``offsets = [M]``.
+
+    Args:
+        x, mul, weight, bias, offsets, counts, eps, sigmoid_weight, bias_clamp, hidden_clamp,
+            output_scale: as in :func:`poly_norm_grouped_mul`; x float16, bfloat16 or float32.
+            mul None: grouped PolyNorm alone (the options that act on the product do not apply).
+        scale_format: ``"fp32"``, ``"ue8m0"`` (fp32 powers of two) or ``"ue8m0_packed"``.
+        backend: ``"auto"`` or ``"triton"`` (the Triton kernel: CUDA tensors, or CPU tensors
+            under ``TRITON_INTERPRET=1``), or ``"reference"`` (the reference activation, then
+            :func:`polynorm.reference.quantize_fp8_groups`).
+
+    Returns:
+        (q, scale): q ``(M, H)`` float8_e4m3fn; scale fp32 ``(M, G)``, G = ceil(H / 128), or
+        int32 ``(M, ceil(G / 4))`` packed; column-major (M-major), as DeepGEMM reads scales.
+    """
+    op_name = "polynorm.poly_norm_grouped_mul_fp8"
+    if (offsets is None) == (counts is None):
+        raise TypeError(
+            f"{op_name}: expected exactly one of offsets and counts, got {'both' if counts is not None else 'neither'}"
+        )
+    if counts is not None:
+        offsets = _offsets_from_counts(counts, x, weight)
+    if backend not in ("auto", "triton", "reference"):
+        raise ValueError(f"{op_name}: expected backend to be one of auto, triton, reference, got {backend!r}")
+    check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
+    if backend == "reference":
+        if mul is None:
+            v = reference.poly_norm_grouped(x, *reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp), offsets, eps)
+        else:
+            v = reference.poly_norm_grouped_mul(
+                x, mul, weight, bias, offsets, eps, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp,
+                hidden_clamp=hidden_clamp, output_scale=output_scale,
+            )  # fmt: skip
+        return reference.quantize_fp8_groups(v, scale_format)
+    if _triton_grouped is None:
+        raise RuntimeError(f"{op_name}: the FP8 kernel needs the triton package, which failed to import: {_TRITON_IMPORT_ERROR}")
+    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=rstd_dtype(x.dtype))
+    return torch.ops.polynorm.grouped_mul_forward_fp8_triton(
+        x, mul, w, b, offsets, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale), scale_format
+    )
 
 
 class GroupedMulPolyNorm(nn.Module):

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk", "poly_norm_mul", "rstd"]
+__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk", "poly_norm_mul", "quantize_fp8_groups", "rstd"]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:
@@ -379,3 +379,38 @@ def poly_norm_grouped_mul_topk(
     owned = ((expert >= 0) & (expert < weight.shape[0])).reshape(-1, 1)
     H = x.shape[-1]
     return torch.where(owned, act.reshape(-1, H), base.reshape(-1, H)).reshape(x.shape)
+
+
+def quantize_fp8_groups(v: Tensor, scale_format: str = "fp32", group: int = 128) -> tuple[Tensor, Tensor]:
+    """docs/MATH.md (20)-(22) in plain PyTorch: v ``(..., H)`` quantised to float8_e4m3fn with one
+    fp32 scale per group of ``group`` columns of a row, by torch's own float8 conversion.
+
+    ``scale = max(amax|v|, 1e-10) / 448`` per group (fp32), the least power of two above it for
+    ``"ue8m0"`` and ``"ue8m0_packed"``; ``q = e4m3(clamp(v / scale, -448, 448))``.
+
+    Returns:
+        q ``(M, H)`` float8_e4m3fn; scale ``(M, G)`` fp32 (``"fp32"``, ``"ue8m0"``) or int32
+        ``(M, ceil(G / 4))`` (``"ue8m0_packed"``: each word 4 groups' exponent bytes,
+        little-endian), column-major (transposed views of contiguous ``(G, M)`` tensors), as
+        the FP8 kernels return them.
+    """
+    H = v.shape[-1]
+    vr = v.reshape(-1, H).float()
+    M, G = vr.shape[0], (H + group - 1) // group
+    padded = torch.zeros((M, G * group), dtype=torch.float32, device=v.device)
+    padded[:, :H] = vr
+    amax = padded.reshape(M, G, group).abs().amax(dim=-1).clamp(min=1e-10)
+    scale = amax / 448.0
+    if scale_format != "fp32":
+        mant, exp = torch.frexp(scale)  # scale = mant 2^exp, mant in [0.5, 1)
+        scale = torch.ldexp(torch.ones_like(scale), torch.where(mant == 0.5, exp - 1, exp))
+    q = (padded.reshape(M, G, group) / scale[..., None]).clamp(-448.0, 448.0).reshape(M, G * group)[:, :H]
+    q = q.to(torch.float8_e4m3fn).contiguous()
+    if scale_format != "ue8m0_packed":
+        return q, scale.t().contiguous().t()
+    codes = ((scale.view(torch.int32) >> 23) & 0xFF).to(torch.int64)
+    words = torch.zeros((M, (G + 3) // 4), dtype=torch.int64, device=v.device)
+    for g in range(G):
+        words[:, g // 4] |= codes[:, g] << (8 * (g % 4))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return q, words.t().contiguous().t()

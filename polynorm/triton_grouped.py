@@ -47,6 +47,7 @@ from polynorm._common import (
     check_grouped_mul_topk_args,
 )
 from polynorm.triton_kernels import (
+    _BF16_BY_HAND,
     _acc_dtype,
     _as_rows,
     _check_runs_here,
@@ -79,6 +80,7 @@ __all__ = [
     "poly_norm_grouped_backward_triton",
     "poly_norm_grouped_forward_triton",
     "poly_norm_grouped_mul_backward_triton",
+    "poly_norm_grouped_mul_forward_fp8_triton",
     "poly_norm_grouped_mul_forward_triton",
     "poly_norm_grouped_mul_topk_forward_triton",
 ]
@@ -856,3 +858,211 @@ def poly_norm_grouped_mul_topk_forward_triton(
                 M, H, eps, _clamp_arg(hidden_clamp), float(output_scale),
                 BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, TOPK=True, HAS_MAP=has_map, num_warps=num_warps,
             )  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------
+# FP8 output: e4m3 with one fp32 scale per 1 x 128 group along the row (docs/MATH.md (20)-(22))
+# ----------------------------------------------------------------------------------------
+
+_FP8_GROUP = 128  # columns per scale: DeepGEMM's 1 x 128 activation groups
+_E4M3_MAX = 448.0
+_FP8_SCALE_FLOOR = 1e-10  # an all-zero group's amax: the scale stays a normal fp32 number
+
+
+@triton.jit
+def _e4m3_by_hand(v):
+    # v (fp32, |v| <= 448 or NaN) rounded to nearest even as e4m3fn, by its bits: Triton's
+    # interpreter (3.x) converts to fp8 with a wrong carry across binades. Normal codes drop 20
+    # mantissa bits with the carry (exponent bias 127 - 7: 120 << 3); below 2^-6 the code is
+    # |v| / 2^-9 rounded to nearest even (the 2^23 trick: exact for values below 2^22).
+    a = tl.abs(tl.where(v != v, 0.0, v))
+    bits = a.to(tl.uint32, bitcast=True)
+    normal = ((bits + 0x7FFFF + ((bits >> 20) & 1)) >> 20).to(tl.int32) - 960
+    sub = ((a * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
+    code = tl.where(a < 0.015625, sub, normal)
+    code = tl.where(v != v, 0x7F, code)
+    code = code | ((v.to(tl.uint32, bitcast=True) >> 31).to(tl.int32) << 7)
+    return code.to(tl.uint8).to(tl.float8e4nv, bitcast=True)
+
+
+@triton.jit
+def _to_e4m3(v):
+    # MATH.md (22): v rounded to nearest even as e4m3fn (|v| <= 448 after the clamp).
+    if _BF16_BY_HAND:  # under the interpreter only
+        q = _e4m3_by_hand(v)
+    else:
+        q = v.to(tl.float8e4nv)
+    return q
+
+
+@triton.jit
+def _pow2_ceil(s):
+    # MATH.md (21): the least power of two >= s for a positive normal fp32 s, by its bits (an
+    # exponent bump where any mantissa bit is set): UE8M0's scale, exact, no log2 or exp2.
+    bits = s.to(tl.uint32, bitcast=True)
+    exp = (bits >> 23) + ((bits & 0x7FFFFF) != 0).to(tl.uint32)
+    return (exp << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit(do_not_specialize=["M"])
+def _poly_norm_grouped_mul_fp8_kernel(
+    x_ptr,  # [M, H] gate, strided as in the forward
+    x_row_stride,
+    x_col_stride,
+    m_ptr,  # [M, H] up (HAS_MUL), x's dtype
+    m_row_stride,
+    m_col_stride,
+    q_ptr,  # [M, H] e4m3fn, contiguous
+    scale_ptr,  # fp32 [G, M] (column-major [M, G]); UE8M0_PACKED: int32 [ceil(G / 4), M]
+    w_ptr,  # [E, 3] w~
+    w_stride0,
+    w_stride1,
+    b_ptr,  # [E] b~
+    b_stride,
+    offsets_ptr,  # [E] int32 or int64
+    offsets_stride,
+    E,
+    n_steps,
+    M,
+    H,
+    eps: tl.float64,
+    clamp: tl.float64,
+    scale: tl.float64,
+    BLOCK_M: tl.constexpr,
+    BLOCK_H: tl.constexpr,  # the forward's statistics tiling, so that v has the forward's bits
+    ONE_BLOCK: tl.constexpr,
+    GROUP: tl.constexpr,  # 128
+    HAS_MUL: tl.constexpr,
+    UE8M0: tl.constexpr,  # power-of-two scales
+    UE8M0_PACKED: tl.constexpr,  # their exponent bytes, 4 groups an int32 (DeepGEMM's packed SFA)
+):
+    ACC = tl.float32
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_range = rows < M
+    expert = _expert_of(offsets_ptr, offsets_stride, rows, in_range, E, n_steps)
+    owned = in_range & (expert < E)
+    x_rows = x_ptr + rows * x_row_stride
+    m_rows = m_ptr + rows * m_row_stride
+    cols = tl.arange(0, BLOCK_H)
+    c = tl.full([], clamp, ACC)
+    s = tl.full([], scale, ACC)
+
+    # Statistics of x~ exactly as _poly_norm_grouped_mul_fwd_kernel forms them.
+    if ONE_BLOCK:
+        mask = owned[:, None] & (cols < H)[None, :]
+        s1, s2, s3 = row_sums(_clamp_c(_load_acc(x_rows, cols * x_col_stride, mask, ACC), c))
+    else:
+        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+        for c0 in range(0, H, BLOCK_H):
+            cc = c0 + cols
+            mask = owned[:, None] & (cc < H)[None, :]
+            a1, a2, a3 = add_row_sums(a1, a2, a3, _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c))
+        s1, s2, s3 = tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
+    inv_h = inv_h_of(H, ACC)
+    e = tl.full([], eps, ACC)
+    zero = tl.zeros([BLOCK_M], ACC)
+    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
+    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
+    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
+    ha1, ha2, ha3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
+    b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
+
+    # Per group of GROUP columns: v = the activation rounded to x's dtype (MATH.md (20)), its
+    # scale (21) and e4m3 codes (22). Rows of no expert: v = 0, so q = 0 and the floor scale.
+    gcols = tl.arange(0, GROUP)
+    n_groups = tl.cdiv(H, GROUP)
+    word = tl.zeros([BLOCK_M], tl.int32)
+    for g in range(0, n_groups):
+        cc = g * GROUP + gcols
+        mask = owned[:, None] & (cc < H)[None, :]
+        xt = _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c)
+        y = poly_value(xt, ha1, ha2, ha3, b)
+        if HAS_MUL:
+            y = s * _clamp_c(y * _clamp_c(_load_acc(m_rows, cc * m_col_stride, mask, ACC), c), c)
+        v = tl.where(mask, _to_out(y, x_ptr.dtype.element_ty).to(ACC), 0.0)
+        amax = tl.maximum(tl.max(tl.abs(v), axis=1), _FP8_SCALE_FLOOR)
+        sc = tl.div_rn(amax, tl.full([], _E4M3_MAX, ACC))
+        if UE8M0:
+            sc = _pow2_ceil(sc)
+        qv = tl.minimum(tl.maximum(tl.div_rn(v, sc[:, None]), -_E4M3_MAX), _E4M3_MAX)
+        qv = tl.where(v != v, v, qv)  # a NaN stays NaN (min/max would drop it)
+        q_mask = in_range[:, None] & (cc < H)[None, :]
+        tl.store(q_ptr + rows[:, None] * H + cc[None, :], _to_e4m3(qv), mask=q_mask)
+        if UE8M0_PACKED:
+            # The exponent byte of a power of two is its UE8M0 code; 4 groups an int32, little-endian.
+            byte = ((sc.to(tl.uint32, bitcast=True) >> 23) & 0xFF).to(tl.int32)
+            word = word | (byte << (8 * (g % 4)))
+            if (g % 4 == 3) | (g == n_groups - 1):
+                tl.store(scale_ptr + (g // 4) * M + rows, word, mask=in_range)
+                word = tl.zeros([BLOCK_M], tl.int32)
+        else:
+            tl.store(scale_ptr + g * M + rows, sc, mask=in_range)
+
+
+_GMFP8 = "polynorm.grouped_mul_forward_fp8_triton"
+_GMFP8_SCHEMA = (
+    "(Tensor x, Tensor? mul, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-06, float? hidden_clamp=None, "
+    "float output_scale=1.0, str scale_format='fp32') -> (Tensor out, Tensor scale)"
+)
+_SCALE_FORMATS = ("fp32", "ue8m0", "ue8m0_packed")
+
+
+@_op("polynorm::grouped_mul_forward_fp8_triton", mutates_args=(), schema=_GMFP8_SCHEMA)
+def poly_norm_grouped_mul_forward_fp8_triton(
+    x: Tensor, mul: Tensor | None, weight: Tensor, bias: Tensor, offsets: Tensor, eps: float = 1e-6,
+    hidden_clamp: float | None = None, output_scale: float = 1.0, scale_format: str = "fp32",
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """The grouped (fused-mul) PolyNorm forward with an FP8 output, in Triton (docs/MATH.md (20)-(22)):
+    the activation v, rounded to x's dtype as the bf16 path writes it, quantised to e4m3fn with one
+    fp32 scale per group of 128 columns of a row: ``scale = max(amax|v|, 1e-10) / 448`` (rounded up
+    to a power of two for ``"ue8m0"`` and ``"ue8m0_packed"``), ``q = e4m3(clamp(v / scale, ±448))``.
+
+    Args:
+        x, weight, bias, offsets, eps, hidden_clamp, output_scale: as ``grouped_mul_forward_triton``;
+            x float16 or bfloat16 (or float32).
+        mul: as there, or None for grouped PolyNorm alone (no clamp of the product, no scale).
+        scale_format: ``"fp32"``, ``"ue8m0"`` (fp32 powers of two) or ``"ue8m0_packed"``.
+
+    Returns:
+        out: ``(M, H)`` float8_e4m3fn, contiguous. scale: ``"fp32"``/``"ue8m0"``: fp32 ``(M, G)``,
+        G = ceil(H / 128), column-major (a transposed view of a contiguous ``(G, M)``: the
+        M-major layout DeepGEMM reads); ``"ue8m0_packed"``: int32 ``(M, ceil(G / 4))``, M-major
+        likewise, each word 4 groups' exponent bytes, little-endian. Rows of no expert: q = 0.
+    """
+    op = _GMFP8
+    if mul is None:
+        check_grouped_forward_args(op, x, weight, bias, offsets, eps)
+        check_grouped_mul_options(op, hidden_clamp, None, output_scale)
+    else:
+        check_grouped_mul_forward_args(op, x, mul, weight, bias, offsets, eps, hidden_clamp, None, output_scale)
+    if x.dtype == torch.float64:
+        raise RuntimeError(f"{op}: expected x to be float16, bfloat16 or float32 (an FP8 output), got {x.dtype}")
+    if scale_format not in _SCALE_FORMATS:
+        raise ValueError(f"{op}: expected scale_format to be one of {', '.join(_SCALE_FORMATS)}, got {scale_format!r}")
+    _check_runs_here(op, x)
+    x_rows, M, H, x_rs, x_cs = _as_strided_rows(x)
+    m_rows, _, _, m_rs, m_cs = _as_strided_rows(mul) if mul is not None else (x_rows, M, H, x_rs, x_cs)
+    G = (H + _FP8_GROUP - 1) // _FP8_GROUP
+    q = torch.empty((M, H), dtype=torch.float8_e4m3fn, device=x.device)
+    packed = scale_format == "ue8m0_packed"
+    if packed:
+        scale_t = torch.empty(((G + 3) // 4, M), dtype=torch.int32, device=x.device)
+    else:
+        scale_t = torch.empty((G, M), dtype=torch.float32, device=x.device)
+    if M == 0:
+        return q, scale_t.t()
+    E = weight.shape[0]
+    block_m, block_h, one_block, num_warps = _launch_config(H, x.dtype, "forward")
+    if _launchable(x_rows, m_rows, weight, bias, offsets):
+        with _on_device_of(x):
+            wrap_triton(_poly_norm_grouped_mul_fp8_kernel)[((M + block_m - 1) // block_m,)](
+                x_rows, x_rs, x_cs, m_rows, m_rs, m_cs, q, scale_t, weight, weight.stride(0), weight.stride(1),
+                bias, bias.stride(0), offsets, offsets.stride(0), E, _search_steps(E), M, H, eps,
+                _clamp_arg(hidden_clamp), float(output_scale),
+                BLOCK_M=block_m, BLOCK_H=block_h, ONE_BLOCK=one_block, GROUP=_FP8_GROUP, HAS_MUL=mul is not None,
+                UE8M0=scale_format != "fp32", UE8M0_PACKED=packed, num_warps=num_warps,
+            )  # fmt: skip
+    return q, scale_t.t()

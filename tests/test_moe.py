@@ -371,3 +371,55 @@ def test_topk_matches_sorted_layout():
     counts = torch.bincount(topk_ids.reshape(-1), minlength=E)
     sorted_out = polynorm.poly_norm_grouped_mul(x[order], mul[order], w, b, counts=counts, **MOTIF3)
     assert torch.equal(got[order], sorted_out)
+
+
+# ---------------------------------------------------------------------------------------
+# FP8 output
+# ---------------------------------------------------------------------------------------
+
+TRITON_DEVICES = [
+    pytest.param("cpu", marks=[requires_triton, requires_interpreter]),
+    pytest.param("cuda", marks=[requires_triton, requires_cuda]),
+]
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+@pytest.mark.parametrize("scale_format", ["fp32", "ue8m0", "ue8m0_packed"])
+@pytest.mark.parametrize("with_mul", [True, False], ids=["mul", "grouped"])
+@pytest.mark.parametrize("H", [128, 300, 1280])
+def test_fp8_is_the_bf16_path_quantised(device, dtype, scale_format, with_mul, H):
+    """Dequantised, the FP8 forward is the non-FP8 op's output quantised by torch's float8
+    conversion with the same scales: q and the scales bit for bit (a partial last group, rows of
+    no expert, an empty expert)."""
+    gen = torch.Generator().manual_seed(seed_for("moe-fp8", dtype, scale_format, with_mul, H))
+    counts = [3, 0, 4]
+    x, mul, _, w, b, offsets = make_case(counts, H, dtype, device, gen, pad=2)
+    mul = mul * 4  # values up to ~40: the scales differ from group to group
+    if with_mul:
+        v = polynorm.poly_norm_grouped_mul(x, mul, w, b, offsets, backend="triton", **MOTIF3)
+        q, scale = polynorm.poly_norm_grouped_mul_fp8(x, mul, w, b, offsets, scale_format=scale_format, **MOTIF3)
+    else:
+        v = polynorm.poly_norm_grouped(x, w, b, offsets, backend="triton")
+        q, scale = polynorm.poly_norm_grouped_mul_fp8(x, None, w, b, offsets, scale_format=scale_format)
+    want_q, want_scale = reference.quantize_fp8_groups(v, scale_format)
+    assert q.dtype == torch.float8_e4m3fn and q.shape == (x.shape[0], H)
+    assert scale.shape == want_scale.shape and scale.t().is_contiguous()  # M-major
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert torch.equal(scale, want_scale)
+    assert not q[sum(counts):].float().any()
+    if scale_format == "fp32":  # e4m3's precision: half an ulp, 2^-4 relative, of each value
+        deq = q.float().reshape(-1, H) * scale.repeat_interleave(128, dim=1)[:, :H]
+        assert ((deq - v.float()).abs() <= v.float().abs() / 16 + scale.max() * 2**-9).all()
+
+
+def test_fp8_packed_scales_decode():
+    """The packed UE8M0 words decode to the unpacked power-of-two scales."""
+    gen = torch.Generator().manual_seed(seed_for("moe-fp8-packed"))
+    v = torch.randn(5, 128 * 6 + 7, generator=gen) * torch.logspace(-3, 3, 5)[:, None]
+    _, pow2 = reference.quantize_fp8_groups(v, "ue8m0")
+    _, packed = reference.quantize_fp8_groups(v, "ue8m0_packed")
+    codes = torch.stack([(packed.long() >> (8 * k)) & 0xFF for k in range(4)], dim=-1).reshape(5, -1)[:, : pow2.shape[1]]
+    assert torch.equal(torch.ldexp(torch.ones_like(pow2), codes - 127), pow2)
+    mant, _ = torch.frexp(pow2)
+    assert (mant == 0.5).all()
