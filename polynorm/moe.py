@@ -281,9 +281,11 @@ def poly_norm_grouped_mul_topk(
     use_triton = backend == "triton" or x.is_cuda
     if use_triton and _triton_grouped is None:
         raise RuntimeError(f"{op_name}: the Triton kernels need the triton package, which failed to import: {_TRITON_IMPORT_ERROR}")
-    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=rstd_dtype(x.dtype))
+    acc = rstd_dtype(x.dtype)
+    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=acc)
     op = torch.ops.polynorm.grouped_mul_topk_forward_triton if use_triton else torch.ops.polynorm.grouped_mul_topk_forward
-    op(x, mul, w, b, topk_ids, expert_map, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale), out)
+    clamp = None if hidden_clamp is None else float(hidden_clamp)
+    op(x, mul, w, b, topk_ids, expert_map, eps, clamp, float(output_scale), out)
     return out
 
 
@@ -339,7 +341,8 @@ def poly_norm_grouped_mul_fp8(
     check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
     if backend == "reference":
         if mul is None:
-            v = reference.poly_norm_grouped(x, *reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp), offsets, eps)
+            w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp)
+            v = reference.poly_norm_grouped(x, w, b, offsets, eps)
         else:
             v = reference.poly_norm_grouped_mul(
                 x, mul, weight, bias, offsets, eps, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp,
@@ -348,7 +351,8 @@ def poly_norm_grouped_mul_fp8(
         return reference.quantize_fp8_groups(v, scale_format)
     if _triton_grouped is None:
         raise RuntimeError(f"{op_name}: the FP8 kernel needs the triton package, which failed to import: {_TRITON_IMPORT_ERROR}")
-    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=rstd_dtype(x.dtype))
+    acc = rstd_dtype(x.dtype)
+    w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=acc)
     return torch.ops.polynorm.grouped_mul_forward_fp8_triton(
         x, mul, w, b, offsets, eps, None if hidden_clamp is None else float(hidden_clamp), float(output_scale), scale_format
     )

@@ -16,7 +16,16 @@ from torch import Tensor
 
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
-__all__ = ["expert_coefficients", "poly_norm", "poly_norm_grouped", "poly_norm_grouped_mul", "poly_norm_grouped_mul_topk", "poly_norm_mul", "quantize_fp8_groups", "rstd"]
+__all__ = [
+    "expert_coefficients",
+    "poly_norm",
+    "poly_norm_grouped",
+    "poly_norm_grouped_mul",
+    "poly_norm_grouped_mul_topk",
+    "poly_norm_mul",
+    "quantize_fp8_groups",
+    "rstd",
+]
 
 
 def _compute_dtype(x: Tensor, compute_dtype: torch.dtype) -> torch.dtype:

@@ -840,7 +840,10 @@ def poly_norm_grouped_mul_topk_forward_triton(
     m_rows, _, _, m_rs, m_cs = _as_strided_rows(mul)
     out_rows, _, _, out_rs = _as_rows(out)
     if out_rows is not out:
-        raise RuntimeError(f"{_GMTOPK}: expected out with a unit last-dim stride and one row stride (it is written in place), got strides {list(out.stride())}")
+        raise RuntimeError(
+            f"{_GMTOPK}: expected out with a unit last-dim stride and one row stride (it is written in place), "
+            f"got strides {list(out.stride())}"
+        )
     if M == 0:
         return
     E = weight.shape[0]
