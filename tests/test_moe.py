@@ -423,3 +423,28 @@ def test_fp8_packed_scales_decode():
     assert torch.equal(torch.ldexp(torch.ones_like(pow2), codes - 127), pow2)
     mant, _ = torch.frexp(pow2)
     assert (mant == 0.5).all()
+
+
+def test_moe_timing_smoke(tmp_path):
+    """bench/moe_timing.py --smoke: tiny CPU tensors, each provider that runs here checked
+    against the kernel before it is timed; the GPU-only ones skipped with the reason."""
+    import json
+    import math
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "moe_timing.json"
+    env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, str(root / "bench" / "moe_timing.py"), "--smoke", "--out", str(out)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    timed = {r["provider"] for r in result["records"]}
+    assert timed == {"triton", "loop"} and set(result["skipped"]) == {"fp8", "compiled"}, (timed, result["skipped"])
+    assert all("GPU only" in why for why in result["skipped"].values())
+    for r in result["records"]:
+        assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
+    assert "| H | E | empty |" in done.stdout
