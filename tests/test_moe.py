@@ -448,3 +448,25 @@ def test_moe_timing_smoke(tmp_path):
     for r in result["records"]:
         assert math.isfinite(r["ratio"]) and r["ratio"] > 0, r
     assert "| H | E | empty |" in done.stdout
+
+
+@pytest.mark.parametrize("device,backend", [("cpu", "auto"), pytest.param("cuda", "auto", marks=[requires_triton, requires_cuda])])
+def test_compile_fullgraph(device, backend):
+    """torch.compile(fullgraph=True) of the function, forward and backward: eager's bits for out,
+    dx and dmul (the kernels'); the parameter gradients within fp32 roundoff (Inductor fuses the
+    sigmoid's and the clamp's derivatives, MATH.md (19), in its own order)."""
+    gen = torch.Generator().manual_seed(seed_for("moe-compile", device))
+    x, mul, g, w, b, offsets = make_case([3, 0, 4], 32, torch.float32, device, gen, pad=1)
+
+    def f(x, mul, w, b):
+        return polynorm.poly_norm_grouped_mul(x, mul, w, b, offsets, backend=backend, **OPTIONS["all_tight"])
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        leaves = [t.detach().clone().requires_grad_(True) for t in (x, mul, w, b)]
+        out = fn(*leaves)
+        results.append((out.detach(),) + torch.autograd.grad(out, leaves, g))
+    for a, c in zip(results[0][:3], results[1][:3]):
+        assert torch.equal(a, c)
+    for a, c in zip(results[0][3:], results[1][3:]):
+        torch.testing.assert_close(a, c, rtol=4 * torch.finfo(torch.float32).eps, atol=1e-7)
