@@ -376,8 +376,8 @@ class GroupedMulPolyNorm(nn.Module):
         backend: see :func:`poly_norm_grouped_mul`.
 
     Parameters:
-        weight: ``[E, 3]``, initialised to 0 when ``sigmoid_weight`` (sigmoid(0) = 1/2 per
-            term) and to ``[1/3, 1/3, 1/3]`` otherwise (PolyCom's initialisation).
+        weight: ``[E, 3]``, initialised to ``[1/3, 1/3, 1/3]`` (PolyCom's initialisation, and
+            the Motif-3 model code's, with or without the sigmoid).
         bias: ``[E, 1]``, initialised to 0.
     """
 
@@ -443,7 +443,7 @@ class GroupedMulPolyNorm(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            self.weight.fill_(0.0 if self.sigmoid_weight else 1.0 / 3.0)
+            self.weight.fill_(1.0 / 3.0)
             self.bias.zero_()
 
     def forward(self, x: Tensor, mul: Tensor, offsets: Tensor | None = None, counts: Tensor | None = None) -> Tensor:

@@ -396,12 +396,14 @@ def test_fp8_is_the_bf16_path_quantised(device, dtype, scale_format, with_mul, H
     counts = [3, 0, 4]
     x, mul, _, w, b, offsets = make_case(counts, H, dtype, device, gen, pad=2)
     mul = mul * 4  # values up to ~40: the scales differ from group to group
-    if with_mul:
-        v = polynorm.poly_norm_grouped_mul(x, mul, w, b, offsets, backend="triton", **MOTIF3)
-        q, scale = polynorm.poly_norm_grouped_mul_fp8(x, mul, w, b, offsets, scale_format=scale_format, **MOTIF3)
-    else:
-        v = polynorm.poly_norm_grouped(x, w, b, offsets, backend="triton")
-        q, scale = polynorm.poly_norm_grouped_mul_fp8(x, None, w, b, offsets, scale_format=scale_format)
+    mul[1] *= 500  # scales >= 2 on this row: UE8M0 codes >= 128, the packed word's sign bit set
+    with poisoned_outputs():
+        if with_mul:
+            v = polynorm.poly_norm_grouped_mul(x, mul, w, b, offsets, backend="triton", **MOTIF3)
+            q, scale = polynorm.poly_norm_grouped_mul_fp8(x, mul, w, b, offsets, scale_format=scale_format, **MOTIF3)
+        else:
+            v = polynorm.poly_norm_grouped(x, w, b, offsets, backend="triton")
+            q, scale = polynorm.poly_norm_grouped_mul_fp8(x, None, w, b, offsets, scale_format=scale_format)
     want_q, want_scale = reference.quantize_fp8_groups(v, scale_format)
     assert q.dtype == torch.float8_e4m3fn and q.shape == (x.shape[0], H)
     assert scale.shape == want_scale.shape and scale.t().is_contiguous()  # M-major
