@@ -196,9 +196,10 @@ int64_t check_grouped_params(const char* op, const at::Tensor& x, const at::Tens
 
 }  // namespace
 
-void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
-                                const at::Tensor& offsets, double eps) {
-  constexpr const char* op = "polynorm.grouped_forward";
+namespace {
+
+void check_grouped_forward_args_of(const char* op, const at::Tensor& x, const at::Tensor& weight,
+                                   const at::Tensor& bias, const at::Tensor& offsets, double eps) {
   check_x(op, "x", x);
   const int64_t E = check_grouped_params(op, x, weight, offsets);
   check_defined(op, "bias", bias);
@@ -210,6 +211,85 @@ void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, c
   TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
               bias.device());
   check_eps(op, eps);
+}
+
+void check_grouped_mul_options(const char* op, std::optional<double> hidden_clamp, double output_scale) {
+  TORCH_CHECK_VALUE(!hidden_clamp.has_value() || *hidden_clamp > 0.0, op,
+                    ": expected hidden_clamp to be None or > 0, got ", num(hidden_clamp.value_or(0.0)));
+  TORCH_CHECK_VALUE(std::isfinite(output_scale), op, ": expected output_scale to be finite, got ", num(output_scale));
+}
+
+}  // namespace
+
+void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                const at::Tensor& offsets, double eps) {
+  check_grouped_forward_args_of("polynorm.grouped_forward", x, weight, bias, offsets, eps);
+}
+
+void check_grouped_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                    const at::Tensor& bias, const at::Tensor& offsets, double eps,
+                                    std::optional<double> hidden_clamp, double output_scale) {
+  constexpr const char* op = "polynorm.grouped_mul_forward";
+  check_grouped_forward_args_of(op, x, weight, bias, offsets, eps);
+  check_like_x(op, "mul", mul, x);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
+}
+
+void check_grouped_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
+                                     const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& offsets,
+                                     const at::Tensor& rstd, std::optional<double> hidden_clamp,
+                                     double output_scale) {
+  constexpr const char* op = "polynorm.grouped_mul_backward";
+  check_grouped_forward_args_of(op, x, weight, bias, offsets, 0.0);
+  check_like_x(op, "grad_out", grad_out, x);
+  check_like_x(op, "mul", mul, x);
+  check_rstd(op, x, rstd);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
+}
+
+void check_grouped_mul_topk_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                 const at::Tensor& bias, const at::Tensor& topk_ids,
+                                 const std::optional<at::Tensor>& expert_map, double eps,
+                                 std::optional<double> hidden_clamp, double output_scale, const at::Tensor& out) {
+  constexpr const char* op = "polynorm.grouped_mul_topk_forward";
+  check_x(op, "x", x);
+  check_defined(op, "weight", weight);
+  TORCH_CHECK(is_supported_float(weight.scalar_type()), op,
+              ": expected weight to be float32, float64, float16 or bfloat16, got ", weight.scalar_type());
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == 3 && weight.size(0) >= 1, op,
+              ": expected weight of shape [E, 3] with E >= 1 (local experts), got ", shape(weight.sizes()));
+  TORCH_CHECK(weight.device() == x.device(), op, ": expected weight on x's device ", x.device(), ", got ",
+              weight.device());
+  const int64_t E = weight.size(0);
+  check_defined(op, "bias", bias);
+  TORCH_CHECK(is_supported_float(bias.scalar_type()), op,
+              ": expected bias to be float32, float64, float16 or bfloat16, got ", bias.scalar_type());
+  TORCH_CHECK((bias.dim() == 1 && bias.size(0) == E) || (bias.dim() == 2 && bias.size(0) == E && bias.size(1) == 1),
+              op, ": expected bias of shape [", num(E), "] or [", num(E), ", 1] (weight's E experts), got ",
+              shape(bias.sizes()));
+  TORCH_CHECK(bias.device() == x.device(), op, ": expected bias on x's device ", x.device(), ", got ",
+              bias.device());
+  check_eps(op, eps);
+  check_like_x(op, "mul", mul, x);
+  check_like_x(op, "out", out, x);
+  check_grouped_mul_options(op, hidden_clamp, output_scale);
+  check_defined(op, "topk_ids", topk_ids);
+  TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong, op,
+              ": expected topk_ids to be int32 or int64, got ", topk_ids.scalar_type());
+  const int64_t M = x.numel() / x.size(-1);
+  TORCH_CHECK(topk_ids.dim() == 2 && topk_ids.size(0) * topk_ids.size(1) == M, op,
+              ": expected topk_ids of shape [T, K] with T * K = ", num(M), " (x's rows), got ",
+              shape(topk_ids.sizes()));
+  TORCH_CHECK(topk_ids.device() == x.device(), op, ": expected topk_ids on x's device ", x.device(), ", got ",
+              topk_ids.device());
+  if (expert_map.has_value() && expert_map->defined()) {
+    TORCH_CHECK((expert_map->scalar_type() == at::kInt || expert_map->scalar_type() == at::kLong) &&
+                    expert_map->dim() == 1,
+                op, ": expected expert_map to be a 1-D int32 or int64 tensor, got ", expert_map->scalar_type(),
+                " of shape ", shape(expert_map->sizes()));
+    TORCH_CHECK(expert_map->device() == x.device(), op, ": expected expert_map on x's device ", x.device(),
+                ", got ", expert_map->device());
+  }
 }
 
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
@@ -386,4 +466,21 @@ TORCH_LIBRARY(polynorm, m) {
   // tensor of 0 elements.
   m.def("sharded_backward_apply(Tensor grad_out, Tensor x, Tensor? mul, Tensor weight, Tensor bias, Tensor rstd, "
         "Tensor sums, int hidden_size) -> (Tensor grad_x, Tensor grad_mul)");
+  // Motif-3's MoE activation (docs/MATH.md (16)-(22)), grouped as grouped_forward: for a row of
+  // expert e, out = round(output_scale * clamp_c(PolyNorm_e(clamp_c(x)) * clamp_c(mul))), c =
+  // hidden_clamp (None: no clamp), weight [E, 3] and bias [E] or [E, 1] PolyNorm's coefficients as
+  // given (any sigmoid or bias clamp is the caller's). x and mul may have any strides (the halves of
+  // one gate_up projection); rstd is that of clamp_c(x).
+  m.def("grouped_mul_forward(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, float eps=1e-6, "
+        "float? hidden_clamp=None, float output_scale=1.0) -> (Tensor out, Tensor rstd)");
+  // grad_x, grad_mul in x's dtype (0 where the clamp moved the input); grad_weight [E, 3] and
+  // grad_bias [E] in rstd's dtype, each expert's summed over its rows in a fixed order.
+  m.def("grouped_mul_backward(Tensor grad_out, Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor offsets, "
+        "Tensor rstd, float? hidden_clamp=None, float output_scale=1.0) -> "
+        "(Tensor grad_x, Tensor grad_mul, Tensor grad_weight, Tensor grad_bias)");
+  // Its forward in the token-major layout of a fused MoE: row r of x and mul (T * K rows) is token
+  // r / K's slot r % K, of local expert expert_map[topk_ids[r / K][r % K]] (the id itself without a
+  // map); a row whose map entry is -1 (another rank's expert) is neither read nor written in out.
+  m.def("grouped_mul_topk_forward(Tensor x, Tensor mul, Tensor weight, Tensor bias, Tensor topk_ids, "
+        "Tensor? expert_map, float eps, float? hidden_clamp, float output_scale, Tensor(a!) out) -> ()");
 }

@@ -71,6 +71,21 @@ void check_grouped_forward_args(const at::Tensor& x, const at::Tensor& weight, c
                                 const at::Tensor& offsets, double eps);
 void check_grouped_backward_args(const at::Tensor& grad_y, const at::Tensor& x, const at::Tensor& weight,
                                  const at::Tensor& offsets, const at::Tensor& rstd);
+// Motif-3's MoE activation (grouped fused-mul PolyNorm): mul has x's shape, dtype and device (any
+// strides); hidden_clamp None or > 0; output_scale finite.
+void check_grouped_mul_forward_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                    const at::Tensor& bias, const at::Tensor& offsets, double eps,
+                                    std::optional<double> hidden_clamp, double output_scale);
+void check_grouped_mul_backward_args(const at::Tensor& grad_out, const at::Tensor& x, const at::Tensor& mul,
+                                     const at::Tensor& weight, const at::Tensor& bias, const at::Tensor& offsets,
+                                     const at::Tensor& rstd, std::optional<double> hidden_clamp,
+                                     double output_scale);
+// Its token-major forward: topk_ids [T, K] int32/int64 with T * K = x's rows, expert_map None or
+// 1-D int32/int64, out of x's shape, dtype and device (written in place).
+void check_grouped_mul_topk_args(const at::Tensor& x, const at::Tensor& mul, const at::Tensor& weight,
+                                 const at::Tensor& bias, const at::Tensor& topk_ids,
+                                 const std::optional<at::Tensor>& expert_map, double eps,
+                                 std::optional<double> hidden_clamp, double output_scale, const at::Tensor& out);
 
 // An explicit launch configuration, which the private CUDA ops take (_forward_config, ...; the
 // public ops take the table's): the kernel family (kAuto, the table's; kRow, the table's where the

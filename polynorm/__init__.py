@@ -7,7 +7,9 @@ Large Language Models", arXiv:2411.03884)::
     norm(u) = u / sqrt(mean(u^2, dim=-1) + eps)
 
 The gated MLP's fused PolyNorm x mul, ``out = poly_norm(x) * mul``, is
-:func:`poly_norm_mul` and :class:`FusedMulPolyNorm`.
+:func:`poly_norm_mul` and :class:`FusedMulPolyNorm`; mixture-of-experts layers have
+:func:`poly_norm_grouped` / :class:`GroupedPolyNorm`, and Motif-3's MoE activation is
+:func:`poly_norm_grouped_mul` / :class:`GroupedMulPolyNorm`.
 
 Importing this package loads the compiled library, which registers
 ``torch.ops.polynorm.forward`` and ``backward``, and ``mul_forward`` and ``mul_backward``.
@@ -29,6 +31,7 @@ from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 from polynorm.grouped import GroupedPolyNorm, poly_norm_grouped
 from polynorm import layers
 from polynorm.patch import patch_model
+from polynorm.moe import GroupedMulPolyNorm, poly_norm_grouped_mul, poly_norm_grouped_mul_fp8, poly_norm_grouped_mul_topk
 
 if torch.distributed.is_available():  # DTensor sharding rules: sequence parallelism needs no communication
     from polynorm import _sharding
@@ -38,12 +41,16 @@ if torch.distributed.is_available():  # DTensor sharding rules: sequence paralle
 __all__ = [
     "BACKENDS",
     "FusedMulPolyNorm",
+    "GroupedMulPolyNorm",
     "GroupedPolyNorm",
     "PolyNorm",
     "layers",
     "patch_model",
     "poly_norm",
     "poly_norm_grouped",
+    "poly_norm_grouped_mul",
+    "poly_norm_grouped_mul_fp8",
+    "poly_norm_grouped_mul_topk",
     "poly_norm_mul",
     "reference",
     "tp",

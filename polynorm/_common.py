@@ -334,6 +334,103 @@ def check_grouped_backward_args(op: str, grad_y: Tensor, x: Tensor, weight: Tens
     _check_rstd(op, x, rstd)
 
 
+def _check_option(op: str, name: str, value, *, positive: bool) -> None:
+    # hidden_clamp, bias_clamp (None or a real number, > 0 / >= 0, +inf allowed), output_scale
+    # (a finite real number).
+    if value is None and name != "output_scale":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{op}: expected {name} to be a real number{'' if name == 'output_scale' else ' or None'}, got {value!r}")
+    if value != value or (name == "output_scale" and value in (float("inf"), float("-inf"))):
+        raise ValueError(f"{op}: expected {name} to be {'finite' if name == 'output_scale' else 'a number'}, got {value!r}")
+    if positive and not value > 0:
+        raise ValueError(f"{op}: expected {name} > 0, got {value!r}")
+    if name == "bias_clamp" and not value >= 0:
+        raise ValueError(f"{op}: expected {name} >= 0, got {value!r}")
+
+
+def check_grouped_mul_options(op: str, hidden_clamp, bias_clamp, output_scale) -> None:
+    """Motif-3's options (docs/MATH.md (16)-(19)): hidden_clamp None or > 0, bias_clamp None or
+    >= 0, output_scale finite. TypeError for a non-number, ValueError for a value out of range."""
+    _check_option(op, "hidden_clamp", hidden_clamp, positive=True)
+    _check_option(op, "bias_clamp", bias_clamp, positive=False)
+    _check_option(op, "output_scale", output_scale, positive=False)
+
+
+def check_grouped_mul_forward_args(
+    op: str, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps,
+    hidden_clamp=None, bias_clamp=None, output_scale=1.0, *, traced: bool = False,
+) -> float:  # fmt: skip
+    """The checks of ``polynorm::grouped_mul_forward``: :func:`check_grouped_forward_args`, mul
+    with x's shape, dtype and device (any strides), and the options
+    (:func:`check_grouped_mul_options`).
+
+    Returns:
+        eps as a Python float.
+    """
+    eps = check_grouped_forward_args(op, x, weight, bias, offsets, eps, traced=traced)
+    _check_like_x(op, "mul", mul, x, traced)
+    check_grouped_mul_options(op, hidden_clamp, bias_clamp, output_scale)
+    return eps
+
+
+def check_grouped_mul_backward_args(
+    op: str, grad_out: Tensor, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, rstd: Tensor
+) -> None:
+    """The checks of ``polynorm::grouped_mul_backward``: as the forward's for x, mul, weight,
+    bias and offsets; grad_out with x's shape, dtype and device; rstd ``[M, 3]`` of the
+    accumulation dtype."""
+    check_grouped_forward_args(op, x, weight, bias, offsets, 0.0)
+    _check_like_x(op, "grad_out", grad_out, x)
+    _check_like_x(op, "mul", mul, x)
+    _check_rstd(op, x, rstd)
+
+
+def check_grouped_mul_topk_args(
+    op: str, x: Tensor, mul: Tensor, weight: Tensor, bias: Tensor, topk_ids: Tensor, expert_map, eps,
+    hidden_clamp, output_scale, out: Tensor,
+) -> float:  # fmt: skip
+    """The checks of ``polynorm::grouped_mul_topk_forward`` (the token-major layout): x, mul,
+    weight and bias as for the grouped op; topk_ids ``[T, K]`` int32/int64 with T * K = M (x's
+    rows); expert_map None or 1-D int32/int64; all on x's device; out of x's shape, dtype and
+    device, with a unit last-dim stride and one row stride (written in place).
+
+    Returns:
+        eps as a Python float.
+    """
+    _check_x(op, x, False)
+    _check_float(op, "weight", weight)
+    if weight.dim() != 2 or weight.shape[1] != 3 or weight.shape[0] < 1:
+        raise RuntimeError(f"{op}: expected weight of shape [E, 3] with E >= 1 (local experts), got {list(weight.shape)}")
+    E = weight.shape[0]
+    _check_float(op, "bias", bias)
+    if tuple(bias.shape) not in ((E,), (E, 1)):
+        raise RuntimeError(f"{op}: expected bias of shape [{E}] or [{E}, 1] (weight's E experts), got {list(bias.shape)}")
+    _check_same_device(op, x, weight=weight, bias=bias)
+    eps = check_eps(op, eps)
+    _check_like_x(op, "mul", mul, x)
+    _check_like_x(op, "out", out, x)
+    check_grouped_mul_options(op, hidden_clamp, None, output_scale)
+    _check_tensor(op, "topk_ids", topk_ids)
+    if topk_ids.dtype not in _OFFSET_DTYPES:
+        raise RuntimeError(f"{op}: expected topk_ids to be int32 or int64, got {topk_ids.dtype}")
+    M = x.numel() // x.shape[-1]
+    if topk_ids.dim() != 2 or topk_ids.shape[0] * topk_ids.shape[1] != M:
+        raise RuntimeError(
+            f"{op}: expected topk_ids of shape [T, K] with T * K = {M} (x's rows), got {list(topk_ids.shape)}"
+        )
+    _check_same_device(op, x, topk_ids=topk_ids)
+    if expert_map is not None:
+        _check_tensor(op, "expert_map", expert_map)
+        if expert_map.dtype not in _OFFSET_DTYPES or expert_map.dim() != 1:
+            raise RuntimeError(
+                f"{op}: expected expert_map to be a 1-D int32 or int64 tensor, got {expert_map.dtype} of shape "
+                f"{list(expert_map.shape)}"
+            )
+        _check_same_device(op, x, expert_map=expert_map)
+    return eps
+
+
 def saveable(t: Tensor) -> Tensor:
     """t as autograd can save it for backward: a tensor made under ``torch.inference_mode()``
     (which has no version counter, so autograd refuses to save it) is copied once, the clone

@@ -288,7 +288,8 @@ class GroupedPolyNorm(nn.Module):
     Parameters:
         weight: ``[E, 3]``, each row ``[w0, w1, w2]`` initialised to ``[1/3, 1/3, 1/3]``, as
             :class:`polynorm.PolyNorm` (PolyCom's initialisation) for each expert.
-        bias: ``[E]``, initialised to 0.
+        bias: ``[E]``, initialised to 0. A state whose bias is ``[E, 1]`` (Motif-3's
+            checkpoints) loads too.
 
     Shape:
         input ``(..., H)`` of float32, float64, float16 or bfloat16; output the same shape
@@ -319,6 +320,14 @@ class GroupedPolyNorm(nn.Module):
         with torch.no_grad():
             self.weight.fill_(1.0 / 3.0)
             self.bias.zero_()
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # A bias stored as [E, 1] (Motif-3's checkpoints) loads into the [E] parameter.
+        key = prefix + "bias"
+        bias = state_dict.get(key)
+        if isinstance(bias, Tensor) and tuple(bias.shape) == (self.num_experts, 1):
+            state_dict[key] = bias.reshape(self.num_experts)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, offsets: Tensor | None = None, counts: Tensor | None = None) -> Tensor:
         return poly_norm_grouped(x, self.weight, self.bias, offsets, counts=counts, eps=self.eps, backend=self.backend)

@@ -19,9 +19,13 @@ from torch import Tensor
 from polynorm._common import check_forward_args, check_grouped_forward_args, check_mul_forward_args
 
 __all__ = [
+    "expert_coefficients",
     "poly_norm",
     "poly_norm_grouped",
+    "poly_norm_grouped_mul",
+    "poly_norm_grouped_mul_topk",
     "poly_norm_mul",
+    "quantize_fp8_groups",
     "rstd",
     "sharded_backward_apply",
     "sharded_backward_stats",
@@ -217,19 +221,7 @@ def _poly_norm_grouped(
     dtype = _compute_dtype(x, compute_dtype)
     H = x.shape[-1]
     xc = x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H)
-    E = weight.shape[0]
-    rows = torch.arange(xc.shape[0], device=x.device)
-    # The first e with offsets[e] > row: the row's expert, E for a row of no expert.
-    expert = torch.searchsorted(offsets.to(torch.int64).contiguous(), rows, right=True)
-    owned = (expert < E)[:, None]
-    e = expert.clamp(max=E - 1)
-    w = weight.to(dtype).reshape(E, 3)[e]  # [M, 3]
-    b = bias.to(dtype).reshape(E, 1)[e]  # [M, 1]
-    # Rows of no expert are never used: replaced by ones so that their statistics stay finite
-    # (no NaN into the gradient through torch.where), and y set to 0 there.
-    xs = torch.where(owned, xc, torch.ones((), dtype=dtype, device=x.device))
-
-    y = w[:, 0:1] * _norm(xs.pow(3), eps) + w[:, 1:2] * _norm(xs.pow(2), eps) + w[:, 2:3] * _norm(xs, eps) + b
+    y, owned = _grouped_rows(xc, weight.to(dtype), bias.to(dtype), offsets, eps)
     y = torch.where(owned, y, torch.zeros((), dtype=dtype, device=x.device))
     return y.to(x.dtype).reshape(x.shape)
 
@@ -303,3 +295,206 @@ def sharded_backward_apply(grad_out: Tensor, x: Tensor, mul, weight: Tensor, bia
     b = bias.to(torch.float64).reshape(())
     y = w[0] * xs.pow(3) * r3[:, None] + w[1] * xs.pow(2) * r2[:, None] + w[2] * xs * r1[:, None] + b
     return grad_x, (_rows64(grad_out) * y).to(x.dtype).reshape(x.shape)
+def _grouped_rows(xc: Tensor, weight: Tensor, bias: Tensor, offsets: Tensor, eps) -> tuple[Tensor, Tensor]:
+    # (y, owned) of the [M, H] rows xc, with weight [E, 3] and bias [E] or [E, 1] already in
+    # xc's dtype: each row's PolyNorm with its expert's parameters, and [M, 1] True on rows of
+    # an expert (y there is to be replaced by the caller).
+    E = weight.shape[0]
+    rows = torch.arange(xc.shape[0], device=xc.device)
+    # The first e with offsets[e] > row: the row's expert, E for a row of no expert.
+    expert = torch.searchsorted(offsets.to(torch.int64).contiguous(), rows, right=True)
+    return _rows_of_experts(xc, weight, bias, expert, eps)
+
+
+def _rows_of_experts(xc: Tensor, weight: Tensor, bias: Tensor, expert: Tensor, eps) -> tuple[Tensor, Tensor]:
+    # _grouped_rows from each row's expert ([M] int64; outside [0, E): no expert's row).
+    E = weight.shape[0]
+    owned = ((expert >= 0) & (expert < E))[:, None]
+    e = expert.clamp(0, E - 1)
+    w = weight.reshape(E, 3)[e]  # [M, 3]
+    b = bias.reshape(E, 1)[e]  # [M, 1]
+    # Rows of no expert are never used: replaced by ones so that their statistics stay finite
+    # (no NaN into the gradient through torch.where).
+    xs = torch.where(owned, xc, torch.ones((), dtype=xc.dtype, device=xc.device))
+    y = w[:, 0:1] * _norm(xs.pow(3), eps) + w[:, 1:2] * _norm(xs.pow(2), eps) + w[:, 2:3] * _norm(xs, eps) + b
+    return y, owned
+
+
+def _clamp(v: Tensor, c) -> Tensor:
+    # MATH.md (16), (17): clamp_c(v), whose gradient passes where v is left as it is (|v| <= c,
+    # the boundary included, and a NaN); None: no clamp. Two selects rather than torch.clamp,
+    # whose gradient at the boundary is not the same on every torch release (0 on 2.14).
+    if c is None:
+        return v
+    return torch.where(v > c, torch.full((), c, dtype=v.dtype, device=v.device),
+                       torch.where(v < -c, torch.full((), -c, dtype=v.dtype, device=v.device), v))  # fmt: skip
+
+
+def expert_coefficients(
+    weight: Tensor, bias: Tensor, *, sigmoid_weight: bool = False, bias_clamp=None, dtype: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """MATH.md (17): each expert's PolyNorm coefficients ``(w~ [E, 3], b~ [E])`` in ``dtype``.
+
+    ``w~ = sigmoid(weight)`` when ``sigmoid_weight`` (else weight) and ``b~ = clamp(bias,
+    -bias_clamp, bias_clamp)`` (no clamp for None), each taken after widening the parameter
+    to ``dtype`` (fp32 for Motif-3's fp32 parameters, as its serving code does). Autograd
+    differentiates both: MATH.md (23).
+    """
+    w = weight.to(dtype)
+    if sigmoid_weight:
+        w = torch.sigmoid(w)
+    b = bias.to(dtype).reshape(bias.shape[0])
+    if bias_clamp is not None:
+        b = _clamp(b, float(bias_clamp))
+    return w, b
+
+
+def poly_norm_grouped_mul(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    offsets: Tensor,
+    eps: float = 1e-6,
+    *,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Motif-3's MoE activation in plain PyTorch: grouped PolyNorm times a gate, with its options.
+
+    For a row of expert e (rows sorted by expert as in :func:`poly_norm_grouped`), with
+    ``clamp_c(v) = min(max(v, -c), c)`` (``c = hidden_clamp``, no clamp for None)::
+
+        w~ = sigmoid(weight[e]) if sigmoid_weight else weight[e]
+        b~ = clamp(bias[e], -bias_clamp, bias_clamp)
+        y  = PolyNorm(clamp_c(x)) with w~ and b~
+        out = round(output_scale * clamp_c(y * clamp_c(mul)))
+
+    in ``compute_dtype`` (promoted with x's dtype), rounded once to x's dtype (docs/MATH.md
+    (16)-(19)). Rows of no expert give 0. The oracle of ``polynorm::grouped_mul_forward``
+    when run with ``compute_dtype=torch.float64``; autograd differentiates it (MATH.md
+    (20)-(23)).
+
+    Args:
+        x: ``(..., H)`` float32, float64, float16 or bfloat16 (Motif-3's gate), H >= 1.
+        mul: x's shape and dtype (the up projection); any strides.
+        weight: ``[E, 3]``, bias: ``[E]`` or ``[E, 1]``, offsets: ``[E]`` int32/int64, eps: as
+            in :func:`poly_norm_grouped`.
+        sigmoid_weight, bias_clamp, hidden_clamp, output_scale: Motif-3's
+            ``polynorm_sigmoid_weight``, ``polynorm_bias_clamp``, ``hidden_clamp`` and
+            ``polynorm_output_scale``.
+
+    Returns:
+        out, x's shape and dtype, contiguous.
+
+    Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884; Motif-3's
+    options as its public serving code applies them (docs/MATH.md).
+    """
+    from polynorm._common import check_grouped_mul_forward_args
+
+    eps = check_grouped_mul_forward_args(
+        "polynorm.reference.poly_norm_grouped_mul", x, mul, weight, bias, offsets, eps,
+        hidden_clamp, bias_clamp, output_scale, traced=torch.compiler.is_compiling(),
+    )  # fmt: skip
+    dtype = _compute_dtype(x, compute_dtype)
+    w, b = expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=dtype)
+    return _poly_norm_grouped_mul(x, mul, w, b, offsets, eps, hidden_clamp, output_scale, dtype)
+
+
+def _poly_norm_grouped_mul(x: Tensor, mul: Tensor, w: Tensor, b: Tensor, offsets: Tensor, eps, hidden_clamp,
+                           output_scale: float, dtype: torch.dtype, expert: Tensor | None = None) -> Tensor:  # fmt: skip
+    # poly_norm_grouped_mul without the checks, from the coefficients w~, b~ (in dtype); each
+    # row's expert from offsets, or given ([M] int64, outside [0, E) for no expert's row).
+    H = x.shape[-1]
+    xc = _clamp(x.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    mc = _clamp(mul.to(dtype, memory_format=torch.contiguous_format).reshape(-1, H), hidden_clamp)
+    if expert is None:
+        y, owned = _grouped_rows(xc, w, b, offsets, eps)
+    else:
+        y, owned = _rows_of_experts(xc, w, b, expert, eps)
+    out = output_scale * _clamp(y * torch.where(owned, mc, torch.zeros((), dtype=dtype, device=x.device)), hidden_clamp)
+    out = torch.where(owned, out, torch.zeros((), dtype=dtype, device=x.device))
+    return out.to(x.dtype).reshape(x.shape)
+
+
+def poly_norm_grouped_mul_topk(
+    x: Tensor,
+    mul: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    topk_ids: Tensor,
+    expert_map: Tensor | None = None,
+    eps: float = 1e-6,
+    *,
+    out: Tensor | None = None,
+    sigmoid_weight: bool = False,
+    bias_clamp: float | None = None,
+    hidden_clamp: float | None = None,
+    output_scale: float = 1.0,
+    compute_dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """:func:`poly_norm_grouped_mul` in the token-major layout of a fused MoE, in plain PyTorch.
+
+    Row r of x and mul (T * K rows) is token ``r // K``'s slot ``r % K``; its local expert is
+    ``expert_map[topk_ids[r // K, r % K]]`` (the id itself without a map). Rows of a local
+    expert in ``[0, E)`` get the activation; the others (a map entry of -1: another rank's
+    expert) keep out's values, or 0 without ``out``. Returns a new tensor (out is not written);
+    the oracle of ``polynorm::grouped_mul_topk_forward`` with ``compute_dtype=torch.float64``.
+    """
+    from polynorm._common import check_grouped_mul_topk_args
+
+    base = torch.zeros_like(x, memory_format=torch.contiguous_format) if out is None else out
+    eps = check_grouped_mul_topk_args(
+        "polynorm.reference.poly_norm_grouped_mul_topk", x, mul, weight, bias, topk_ids, expert_map, eps,
+        hidden_clamp, output_scale, base,
+    )  # fmt: skip
+    dtype = _compute_dtype(x, compute_dtype)
+    w, b = expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, dtype=dtype)
+    ids = topk_ids.reshape(-1).to(torch.int64)
+    n_ids = expert_map.shape[0] if expert_map is not None else weight.shape[0]
+    valid = (ids >= 0) & (ids < n_ids)
+    safe = torch.where(valid, ids, 0)
+    local = expert_map.to(torch.int64)[safe] if expert_map is not None else safe
+    expert = torch.where(valid, local, -1)
+    act = _poly_norm_grouped_mul(x, mul, w, b, None, eps, hidden_clamp, float(output_scale), dtype, expert=expert)
+    owned = ((expert >= 0) & (expert < weight.shape[0])).reshape(-1, 1)
+    H = x.shape[-1]
+    return torch.where(owned, act.reshape(-1, H), base.reshape(-1, H)).reshape(x.shape)
+
+
+def quantize_fp8_groups(v: Tensor, scale_format: str = "fp32", group: int = 128) -> tuple[Tensor, Tensor]:
+    """docs/MATH.md (24)-(26) in plain PyTorch: v ``(..., H)`` quantised to float8_e4m3fn with one
+    fp32 scale per group of ``group`` columns of a row, by torch's own float8 conversion.
+
+    ``scale = max(amax|v|, 1e-10) / 448`` per group (fp32), the least power of two above it for
+    ``"ue8m0"`` and ``"ue8m0_packed"``; ``q = e4m3(clamp(v / scale, -448, 448))``.
+
+    Returns:
+        q ``(M, H)`` float8_e4m3fn; scale ``(M, G)`` fp32 (``"fp32"``, ``"ue8m0"``) or int32
+        ``(M, ceil(G / 4))`` (``"ue8m0_packed"``: each word 4 groups' exponent bytes,
+        little-endian), column-major (transposed views of contiguous ``(G, M)`` tensors), as
+        the FP8 kernels return them.
+    """
+    H = v.shape[-1]
+    vr = v.reshape(-1, H).float()
+    M, G = vr.shape[0], (H + group - 1) // group
+    padded = torch.zeros((M, G * group), dtype=torch.float32, device=v.device)
+    padded[:, :H] = vr
+    amax = padded.reshape(M, G, group).abs().amax(dim=-1).clamp(min=1e-10)
+    scale = amax / 448.0
+    if scale_format != "fp32":
+        mant, exp = torch.frexp(scale)  # scale = mant 2^exp, mant in [0.5, 1)
+        scale = torch.ldexp(torch.ones_like(scale), torch.where(mant == 0.5, exp - 1, exp))
+    q = (padded.reshape(M, G, group) / scale[..., None]).clamp(-448.0, 448.0).reshape(M, G * group)[:, :H]
+    q = q.to(torch.float8_e4m3fn).contiguous()
+    if scale_format != "ue8m0_packed":
+        return q, scale.t().contiguous().t()
+    codes = ((scale.view(torch.int32) >> 23) & 0xFF).to(torch.int64)
+    words = torch.zeros((M, (G + 3) // 4), dtype=torch.int64, device=v.device)
+    for g in range(G):
+        words[:, g // 4] |= codes[:, g] << (8 * (g % 4))
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    return q, words.t().contiguous().t()
