@@ -42,6 +42,16 @@ ROW_BUILDS = ("kAligned", "kRealigned", "kSamePhase", "kPackRealigned", "kAligne
 # empty kernel whose attributes tell which architecture's code runs (launch_common.cuh).
 HELPERS = {f"{k}<{t}>" for k in ("param_sum_kernel", "poly_norm_grouped_param_kernel") for t in ("float", "double")}
 HELPERS.add("arch_probe_kernel")
+# Tensor parallelism's sharded passes (cuda/sharded.cu), outside the row plan: each dtype with
+# its accumulator, 16-byte packs where every row is aligned (kVec = 16 / element size) or one
+# element a lane, and the fused op's mul (kMul) where a pass reads it.
+SHARDED_TYPES = (("c10::BFloat16", "float", 8), ("c10::Half", "float", 8), ("float", "float", 4), ("double", "double", 2))
+SHARDED = set()
+for _s, _a, _vec in SHARDED_TYPES:
+    for _v in (1, _vec):
+        SHARDED.add(f"poly_norm_sharded_fwd_stats_kernel<{_s},{_a},{_v}>")
+        for _k in ("fwd_apply", "bwd_stats", "bwd_apply"):
+            SHARDED.update(f"poly_norm_sharded_{_k}_kernel<{_s},{_a},{_v},{_m}>" for _m in ("false", "true"))
 
 
 def fields(text: str) -> dict:
@@ -86,7 +96,7 @@ def configs(space=None) -> dict:
 
 def reachable(space=None) -> set:
     """The kernels the plan launches or sizes grids by, and the helpers, as normalised names."""
-    names = set(HELPERS)
+    names = set(HELPERS) | SHARDED
     for entry in space if space is not None else plan_space():
         for key in ("kernel", "fallback", "sized_by"):
             if key in entry["fields"]:

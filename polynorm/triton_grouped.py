@@ -869,7 +869,7 @@ def poly_norm_grouped_mul_topk_forward_triton(
 
 _FP8_GROUP = 128  # columns per scale: DeepGEMM's 1 x 128 activation groups
 _E4M3_MAX = 448.0
-_FP8_SCALE_FLOOR = 1e-10  # an all-zero group's amax: the scale stays a normal fp32 number
+_FP8_SCALE_FLOOR = tl.constexpr(1e-10)  # an all-zero group's amax: the scale stays a normal fp32 number
 
 
 @triton.jit

@@ -19,6 +19,7 @@ About 2.5 minutes on 2 cores (the build, 1 minute; the main job, 1 minute). Mark
 import os
 import re
 import shutil
+import site
 import subprocess
 import sys
 import venv
@@ -61,6 +62,10 @@ def installed(tmp_path_factory):
     # No pip of its own: ensurepip's setuptools (65 on Python 3.11) would shadow this
     # interpreter's, and pip and setuptools come from the system site-packages like torch.
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(base / "venv")
+    # Where this interpreter is itself a venv (torch installed in it, not in the system's
+    # site-packages), the new venv sees its packages through a .pth file: after its own.
+    (purelib,) = (base / "venv" / "lib").glob("python*/site-packages")
+    (purelib / "parent_site.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     python = str(base / "venv" / "bin" / "python3")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     # The CPU kernel only, and no GPU for the installed package: python3 -m polynorm runs the CPU
@@ -80,7 +85,7 @@ def test_build_talks_through_pip(installed):
     HEARTBEAT_S), which source is compiling."""
     build = installed[-1]
     assert "polynorm: POLYNORM_FORCE_CPU=1, building the CPU kernel only" in build
-    assert "polynorm: compiling 7 sources into polynorm._C: csrc/ops.cpp," in build
+    assert re.search(r"polynorm: compiling \d+ sources into polynorm\._C: csrc/ops\.cpp, ", build), build[-3000:]
     seconds = int(re.search(r"polynorm: built polynorm\._C in (\d+) s", build)[1])
     beats = re.findall(r"polynorm: compiling csrc/\S+ \(\d+ s; (\d+) s in all\)", build)
     # One line per source compiling at each beat: beats at 20, 40, ... s, until the link.

@@ -454,8 +454,10 @@ def test_moe_timing_smoke(tmp_path):
 
 @pytest.mark.parametrize("device,backend", [("cpu", "auto"), pytest.param("cuda", "auto", marks=[requires_triton, requires_cuda])])
 def test_compile_fullgraph(device, backend):
-    """torch.compile(fullgraph=True) of the function, forward and backward: eager's bits for out,
-    dx and dmul (the kernels'); the parameter gradients within fp32 roundoff (Inductor fuses the
+    """torch.compile(fullgraph=True) of the function, forward and backward: the same kernels run,
+    so out, dx and dmul are eager's bits on the CPU. On CUDA, Inductor generates its own sigmoid
+    for the coefficients, MATH.md (17), which may round an ulp away from eager's, so there they
+    agree within fp32 roundoff; so do the parameter gradients everywhere (Inductor fuses the
     sigmoid's and the clamp's derivatives, MATH.md (23), in its own order)."""
     gen = torch.Generator().manual_seed(seed_for("moe-compile", device))
     x, mul, g, w, b, offsets = make_case([3, 0, 4], 32, torch.float32, device, gen, pad=1)
@@ -469,6 +471,9 @@ def test_compile_fullgraph(device, backend):
         out = fn(*leaves)
         results.append((out.detach(),) + torch.autograd.grad(out, leaves, g))
     for a, c in zip(results[0][:3], results[1][:3]):
-        assert torch.equal(a, c)
+        if device == "cpu":
+            assert torch.equal(a, c)
+        else:
+            torch.testing.assert_close(a, c, rtol=4 * torch.finfo(torch.float32).eps, atol=1e-7)
     for a, c in zip(results[0][3:], results[1][3:]):
         torch.testing.assert_close(a, c, rtol=4 * torch.finfo(torch.float32).eps, atol=1e-7)
