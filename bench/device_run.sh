@@ -4,7 +4,13 @@
 #   bash bench/device_run.sh build timing kernels train     # ~8 min on an H100
 #   bash bench/device_run.sh build suite bench              # ~8 min
 # Stages (logs under $OUT, or ./out):
-#   build        pip install -e . --no-build-isolation (sm_90 unless TORCH_CUDA_ARCH_LIST says), ~1 min
+#   build        pip install -e . --no-build-isolation (sm_90 unless TORCH_CUDA_ARCH_LIST says), ~3 min
+#   prebuilt     instead of build: the library of the polynorm wheel carried in .whl/, put into the tree, so
+#                that no device time goes on compiling. Build the wheel from the same commit on the CPU machine,
+#                for the device's Python (3.12) and torch (2.11.0):
+#                  python3.12 -m venv /tmp/v && /tmp/v/bin/pip install torch==2.11.0 numpy setuptools wheel ninja
+#                  PATH=/tmp/v/bin:$PATH CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0 \
+#                    python -m pip wheel . --no-build-isolation --no-deps -w .whl
 #   timing       bench/ops_timing.py: kernel-only ratios to same-run floors, both ops, three dtypes, ~3 min
 #   compare      bench/compare_builds.py --old $OLD_BUILD --new .: the guard, ~5 min (OLD_BUILD: the
 #                folder holding the old build's polynorm/, built for this GPU)
@@ -47,6 +53,13 @@ for stage in "${stages[@]}"; do
   case "$stage" in
     build)
       python3 -m pip install -e . --no-build-isolation --no-deps > "$OUT/build.log" 2>&1; echo "build rc=$?" ;;
+    prebuilt)
+      # The wheel's library beside the tree's Python, and the tree importable from bench/ scripts
+      # and from the tests' subprocesses, as an editable install would make it.
+      rm -rf /tmp/prebuilt
+      python3 -m pip install --no-index --no-deps --no-cache-dir --target /tmp/prebuilt .whl/polynorm-*.whl \
+        > "$OUT/prebuilt.log" 2>&1 && cp /tmp/prebuilt/polynorm/_C*.so polynorm/; echo "prebuilt rc=$?"
+      export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ;;
     timing)
       timeout 300 python3 bench/ops_timing.py > "$OUT/ops_timing.log" 2>&1; echo "timing rc=$?"; tail -3 "$OUT/ops_timing.log" ;;
     compare)
