@@ -59,6 +59,9 @@ for stage in "${stages[@]}"; do
       rm -rf /tmp/prebuilt
       python3 -m pip install --no-index --no-deps --no-cache-dir --target /tmp/prebuilt .whl/polynorm-*.whl \
         > "$OUT/prebuilt.log" 2>&1 && cp /tmp/prebuilt/polynorm/_C*.so polynorm/; echo "prebuilt rc=$?"
+      # A wheel of another commit: its Python differs from the tree's, and its library may too.
+      diff -rq -x __pycache__ -x '_C*.so' /tmp/prebuilt/polynorm polynorm > /dev/null \
+        || echo "prebuilt: WARNING the wheel's Python differs from the tree's: build the wheel from this commit"
       export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ;;
     timing)
       timeout 300 python3 bench/ops_timing.py > "$OUT/ops_timing.log" 2>&1; echo "timing rc=$?"; tail -3 "$OUT/ops_timing.log" ;;
