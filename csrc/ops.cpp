@@ -2,6 +2,7 @@
 // argument checks that all backends share.
 #include "polynorm.h"
 
+#include <ATen/MemoryOverlap.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
@@ -272,6 +273,11 @@ void check_grouped_mul_topk_args(const at::Tensor& x, const at::Tensor& mul, con
   check_eps(op, eps);
   check_like_x(op, "mul", mul, x);
   check_like_x(op, "out", out, x);
+  // out is written row by row in place: two of its elements at one address (an expanded tensor)
+  // would be written by several rows at once, a race with an arbitrary winner.
+  TORCH_CHECK(at::has_internal_overlap(out) != at::MemOverlap::Yes, op,
+              ": expected out without internal overlap (it is written in place, each element at its own "
+              "address), got strides ", shape(out.strides()));
   check_grouped_mul_options(op, hidden_clamp, output_scale);
   check_defined(op, "topk_ids", topk_ids);
   TORCH_CHECK(topk_ids.scalar_type() == at::kInt || topk_ids.scalar_type() == at::kLong, op,

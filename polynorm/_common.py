@@ -22,6 +22,12 @@ __all__ = [
     "check_grouped_forward_args",
     "check_mul_backward_args",
     "check_mul_forward_args",
+    "check_hidden_size",
+    "check_sharded_backward_apply_args",
+    "check_sharded_backward_stats_args",
+    "check_sharded_forward_apply_args",
+    "check_sharded_forward_stats_args",
+    "check_sharded_params",
     "eps_operand",
     "param_grads",
     "refuse_double_backward",
@@ -410,6 +416,13 @@ def check_grouped_mul_topk_args(
     eps = check_eps(op, eps)
     _check_like_x(op, "mul", mul, x)
     _check_like_x(op, "out", out, x)
+    # out is written row by row in place: two of its elements at one address (an expanded
+    # tensor) would be written by several rows at once, a race with an arbitrary winner.
+    if torch._debug_has_internal_overlap(out) == 1:
+        raise RuntimeError(
+            f"{op}: expected out without internal overlap (it is written in place, each element at its own "
+            f"address), got strides {list(out.stride())}"
+        )
     check_grouped_mul_options(op, hidden_clamp, None, output_scale)
     _check_tensor(op, "topk_ids", topk_ids)
     if topk_ids.dtype not in _OFFSET_DTYPES:
@@ -429,6 +442,112 @@ def check_grouped_mul_topk_args(
             )
         _check_same_device(op, x, expert_map=expert_map)
     return eps
+
+
+# Tensor parallelism's sharded passes (csrc/ops.cpp, "Sharded ops"): x ``(..., H_shard)`` holds a
+# shard of each row's columns, H_shard = 0 included; M counts the leading dimensions.
+
+
+def _shard_rows(x: Tensor) -> int:
+    M = 1
+    for n in x.shape[:-1]:
+        M *= n
+    return M
+
+
+def _check_shard_x(op: str, x: Tensor) -> int:
+    # x: (..., H_shard) of a float dtype, H_shard >= 0. Returns M.
+    _check_float(op, "x", x)
+    if x.dim() < 1:
+        raise RuntimeError(f"{op}: expected x to have at least 1 dimension (..., H_shard), got a 0-d tensor")
+    return _shard_rows(x)
+
+
+def _check_row_triples(op: str, name: str, what: str, t: Tensor, x: Tensor, M) -> None:
+    # sums or rstd: [M, 3] of the accumulation dtype, on x's device.
+    _check_tensor(op, name, t)
+    torch._check(
+        t.dim() == 2 and t.shape[0] == M and t.shape[1] == 3,
+        lambda: f"{op}: expected {name} of shape [{M}, 3] ({what}), got {list(t.shape)}",
+    )
+    if t.dtype != rstd_dtype(x.dtype):
+        raise RuntimeError(f"{op}: expected {name} of dtype {rstd_dtype(x.dtype)} for x of dtype {x.dtype}, got {t.dtype}")
+    _check_same_device(op, x, **{name: t})
+
+
+def _check_sums(op: str, sums: Tensor, x: Tensor, M) -> None:
+    _check_row_triples(op, "sums", "rows of x, then the three row sums", sums, x, M)
+
+
+def _check_shard_rstd(op: str, rstd: Tensor, x: Tensor, M) -> None:
+    _check_row_triples(op, "rstd", "rows of x, then r_3, r_2, r_1", rstd, x, M)
+
+
+def check_hidden_size(op: str, x: Tensor, hidden_size) -> None:
+    """hidden_size, the unsharded H: an int >= 1 and >= x's shard width (csrc/ops.cpp's check)."""
+    if isinstance(hidden_size, bool) or not isinstance(hidden_size, (int, torch.SymInt)):
+        raise TypeError(f"{op}: expected hidden_size to be an int (the unsharded H), got {type(hidden_size).__name__}")
+    torch._check(
+        hidden_size >= 1 and hidden_size >= x.shape[-1],
+        lambda: f"{op}: expected hidden_size (the unsharded H) >= 1 and >= x's shard width {x.shape[-1]}, "
+        f"got {hidden_size}",
+    )
+
+
+def check_sharded_params(op: str, x: Tensor, mul, weight: Tensor, bias: Tensor) -> int:
+    """x a shard ``(..., H_shard)`` of a float dtype (H_shard may be 0); mul None or of x's shape,
+    dtype and device; weight ``(3,)`` and bias ``(1,)`` or ``()`` of a float dtype on x's device.
+    Returns M. The checks every sharded pass and :mod:`polynorm.tp` share."""
+    M = _check_shard_x(op, x)
+    if mul is not None:
+        _check_like_x(op, "mul", mul, x)
+    _check_weight(op, x, weight, False)
+    _check_bias(op, x, bias, False)
+    return M
+
+
+def check_sharded_forward_stats_args(op: str, x: Tensor) -> int:
+    """The C++ checks of ``polynorm::sharded_forward_stats``: x a float shard. Returns M."""
+    return _check_shard_x(op, x)
+
+
+def check_sharded_forward_apply_args(op: str, x: Tensor, mul, sums: Tensor, weight: Tensor, bias: Tensor,
+                                     hidden_size, eps) -> int:  # fmt: skip
+    """The C++ checks of ``polynorm::sharded_forward_apply``, in its order. Returns M."""
+    M = _check_shard_x(op, x)
+    if mul is not None:
+        _check_like_x(op, "mul", mul, x)
+    _check_sums(op, sums, x, M)
+    _check_weight(op, x, weight, False)
+    _check_bias(op, x, bias, False)
+    check_hidden_size(op, x, hidden_size)
+    check_eps(op, eps)
+    return M
+
+
+def check_sharded_backward_stats_args(op: str, grad_out: Tensor, x: Tensor, mul, rstd: Tensor) -> int:
+    """The C++ checks of ``polynorm::sharded_backward_stats``, in its order. Returns M."""
+    M = _check_shard_x(op, x)
+    _check_like_x(op, "grad_out", grad_out, x)
+    if mul is not None:
+        _check_like_x(op, "mul", mul, x)
+    _check_shard_rstd(op, rstd, x, M)
+    return M
+
+
+def check_sharded_backward_apply_args(op: str, grad_out: Tensor, x: Tensor, mul, weight: Tensor, bias: Tensor,
+                                      rstd: Tensor, sums: Tensor, hidden_size) -> int:  # fmt: skip
+    """The C++ checks of ``polynorm::sharded_backward_apply``, in its order. Returns M."""
+    M = _check_shard_x(op, x)
+    _check_like_x(op, "grad_out", grad_out, x)
+    if mul is not None:
+        _check_like_x(op, "mul", mul, x)
+    _check_weight(op, x, weight, False)
+    _check_bias(op, x, bias, False)
+    _check_shard_rstd(op, rstd, x, M)
+    _check_sums(op, sums, x, M)
+    check_hidden_size(op, x, hidden_size)
+    return M
 
 
 def saveable(t: Tensor) -> Tensor:

@@ -135,8 +135,7 @@ _register_grouped_autograd(
 )
 
 
-def _offsets_from_counts(counts, x: Tensor, weight: Tensor) -> Tensor:
-    op = "polynorm.poly_norm_grouped"
+def _offsets_from_counts(counts, x: Tensor, weight: Tensor, op: str = "polynorm.poly_norm_grouped") -> Tensor:
     if not isinstance(counts, Tensor):
         raise TypeError(f"{op}: expected counts to be a Tensor, got {type(counts).__name__}")
     if counts.dtype not in (torch.int32, torch.int64):

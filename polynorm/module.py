@@ -9,6 +9,8 @@ from polynorm.ops import BACKENDS, poly_norm, poly_norm_mul
 
 __all__ = ["FusedMulPolyNorm", "PolyNorm"]
 
+_PARAM_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
 
 class _PolyNormParameters(nn.Module):
     """PolyNorm's parameters, eps and backend, shared by both modules."""
@@ -18,6 +20,10 @@ class _PolyNormParameters(nn.Module):
         eps = check_eps(name, eps)
         if backend not in BACKENDS:
             raise ValueError(f"{name}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+        # The ops take parameters of these dtypes only: any other would fail at the first forward
+        # (a complex one), or with torch's message about gradients (an integer one).
+        if dtype is not None and dtype not in _PARAM_DTYPES:
+            raise TypeError(f"{name}: expected dtype to be None, float32, float64, float16 or bfloat16, got {dtype}")
         factory = {"device": device, "dtype": dtype}
         self.eps = eps
         self.backend = backend

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from polynorm import reference
 from polynorm._common import (
     check_eps,
+    check_grouped_forward_args,
     check_grouped_mul_topk_args,
     check_grouped_mul_backward_args,
     check_grouped_mul_forward_args,
@@ -38,6 +39,9 @@ try:  # registers torch.ops.polynorm.grouped_mul_forward_triton and grouped_mul_
 except ImportError as _error:  # Triton is optional
     _triton_grouped = None
     _TRITON_IMPORT_ERROR = f"{type(_error).__name__}: {_error}"
+
+# The FP8 op's scale formats (docs/MATH.md (25)).
+_SCALE_FORMATS = ("fp32", "ue8m0", "ue8m0_packed")
 
 __all__ = ["GroupedMulPolyNorm", "poly_norm_grouped_mul", "poly_norm_grouped_mul_fp8", "poly_norm_grouped_mul_topk"]
 
@@ -183,7 +187,7 @@ def poly_norm_grouped_mul(
             f"{op_name}: expected exactly one of offsets and counts, got {'both' if counts is not None else 'neither'}"
         )
     if counts is not None:
-        offsets = _offsets_from_counts(counts, x, weight)
+        offsets = _offsets_from_counts(counts, x, weight, op_name)
     elif not isinstance(offsets, Tensor):
         raise TypeError(f"{op_name}: expected offsets to be a Tensor, got {type(offsets).__name__}")
     if backend not in BACKENDS:
@@ -268,8 +272,13 @@ def poly_norm_grouped_mul_topk(
     if backend not in BACKENDS:
         raise ValueError(f"{op_name}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
     check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
-    if out is None:
+    if out is None and isinstance(x, Tensor):  # else the checks below name x
         out = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+    # Every backend's checks, named for this function, before the coefficients are formed from
+    # weight and bias (whose reshape would otherwise be the first to meet a bias of the wrong shape).
+    eps = check_grouped_mul_topk_args(
+        op_name, x, mul, weight, bias, topk_ids, expert_map, eps, hidden_clamp, output_scale, out
+    )
     options = dict(sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp, hidden_clamp=hidden_clamp, output_scale=output_scale)
     if backend == "reference":
         out.copy_(reference.poly_norm_grouped_mul_topk(x, mul, weight, bias, topk_ids, expert_map, eps, out=out, **options))
@@ -319,7 +328,8 @@ def poly_norm_grouped_mul_fp8(
     Args:
         x, mul, weight, bias, offsets, counts, eps, sigmoid_weight, bias_clamp, hidden_clamp,
             output_scale: as in :func:`poly_norm_grouped_mul`; x float16, bfloat16 or float32.
-            mul None: grouped PolyNorm alone (the options that act on the product do not apply).
+            mul None: grouped PolyNorm alone, y of MATH.md (18): hidden_clamp still clamps x,
+            and output_scale, which scales the product, must be 1.0.
         scale_format: ``"fp32"``, ``"ue8m0"`` (fp32 powers of two) or ``"ue8m0_packed"``.
         backend: ``"auto"`` or ``"triton"`` (the Triton kernel: CUDA tensors, or CPU tensors
             under ``TRITON_INTERPRET=1``), or ``"reference"`` (the reference activation, then
@@ -335,14 +345,33 @@ def poly_norm_grouped_mul_fp8(
             f"{op_name}: expected exactly one of offsets and counts, got {'both' if counts is not None else 'neither'}"
         )
     if counts is not None:
-        offsets = _offsets_from_counts(counts, x, weight)
+        offsets = _offsets_from_counts(counts, x, weight, op_name)
     if backend not in ("auto", "triton", "reference"):
         raise ValueError(f"{op_name}: expected backend to be one of auto, triton, reference, got {backend!r}")
-    check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
+    # Every backend's checks, before the coefficients are formed from weight and bias (whose
+    # reshape would otherwise be the first to meet a bias of the wrong shape).
+    traced = torch.compiler.is_compiling()
+    if mul is None:
+        eps = check_grouped_forward_args(op_name, x, weight, bias, offsets, eps, traced=traced)
+        check_grouped_mul_options(op_name, hidden_clamp, bias_clamp, output_scale)
+        if output_scale != 1.0:  # s multiplies the product (MATH.md (19)); there is none to scale
+            raise ValueError(f"{op_name}: expected output_scale 1.0 with mul None (it scales the product with mul), "
+                             f"got {output_scale!r}")  # fmt: skip
+    else:
+        eps = check_grouped_mul_forward_args(
+            op_name, x, mul, weight, bias, offsets, eps, hidden_clamp, bias_clamp, output_scale, traced=traced
+        )
+    if x.dtype == torch.float64:
+        raise RuntimeError(f"{op_name}: expected x to be float16, bfloat16 or float32 (an FP8 output), got {x.dtype}")
+    if scale_format not in _SCALE_FORMATS:
+        raise ValueError(f"{op_name}: expected scale_format to be one of {', '.join(_SCALE_FORMATS)}, got {scale_format!r}")
     if backend == "reference":
         if mul is None:
+            # v = round(y) with y of MATH.md (18): PolyNorm of x~ = clamp_c(x), clamped in fp32 as
+            # the kernel widens x, then rounded once to x's dtype.
             w, b = reference.expert_coefficients(weight, bias, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp)
-            v = reference.poly_norm_grouped(x, w, b, offsets, eps)
+            xc = reference._clamp(x.float(), None if hidden_clamp is None else float(hidden_clamp))
+            v = reference.poly_norm_grouped(xc, w, b, offsets, eps).to(x.dtype)
         else:
             v = reference.poly_norm_grouped_mul(
                 x, mul, weight, bias, offsets, eps, sigmoid_weight=sigmoid_weight, bias_clamp=bias_clamp,

@@ -15,6 +15,10 @@ from polynorm._common import (
     check_forward_args,
     check_mul_backward_args,
     check_mul_forward_args,
+    check_sharded_backward_apply_args,
+    check_sharded_backward_stats_args,
+    check_sharded_forward_apply_args,
+    check_sharded_forward_stats_args,
     eps_operand,
     refuse_double_backward,
     register_autograd,
@@ -77,32 +81,32 @@ def _mul_backward_fake(
     return grad_x, torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_weight, grad_bias
 
 
-# The sharded passes of tensor parallelism (polynorm/tp.py; csrc/ops.cpp has the schemas).
-def _shard_rows(x: Tensor) -> int:
-    M = 1
-    for n in x.shape[:-1]:
-        M *= n
-    return M
-
-
+# The sharded passes of tensor parallelism (polynorm/tp.py; csrc/ops.cpp has the schemas). The fake
+# kernels run the C++ checks: they also serve a call whose one argument is on the meta device
+# and the others not (the dispatcher picks Meta), which would otherwise return empty tensors.
 @torch.library.register_fake("polynorm::sharded_forward_stats")
 def _sharded_forward_stats_fake(x: Tensor) -> Tensor:
-    return x.new_empty((_shard_rows(x), 3), dtype=rstd_dtype(x.dtype))
+    M = check_sharded_forward_stats_args("polynorm.sharded_forward_stats", x)
+    return x.new_empty((M, 3), dtype=rstd_dtype(x.dtype))
 
 
 @torch.library.register_fake("polynorm::sharded_forward_apply")
 def _sharded_forward_apply_fake(x, mul, sums, weight, bias, hidden_size, eps=1e-6) -> tuple[Tensor, Tensor]:
-    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty(sums.shape, dtype=rstd_dtype(x.dtype))
+    M = check_sharded_forward_apply_args("polynorm.sharded_forward_apply", x, mul, sums, weight, bias, hidden_size, eps)
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device), x.new_empty((M, 3), dtype=rstd_dtype(x.dtype))
 
 
 @torch.library.register_fake("polynorm::sharded_backward_stats")
 def _sharded_backward_stats_fake(grad_out, x, mul, rstd) -> tuple[Tensor, Tensor, Tensor]:
+    M = check_sharded_backward_stats_args("polynorm.sharded_backward_stats", grad_out, x, mul, rstd)
     acc = rstd_dtype(x.dtype)
-    return x.new_empty((_shard_rows(x), 3), dtype=acc), x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
+    return x.new_empty((M, 3), dtype=acc), x.new_empty((3,), dtype=acc), x.new_empty((1,), dtype=acc)
 
 
 @torch.library.register_fake("polynorm::sharded_backward_apply")
 def _sharded_backward_apply_fake(grad_out, x, mul, weight, bias, rstd, sums, hidden_size) -> tuple[Tensor, Tensor]:
+    check_sharded_backward_apply_args("polynorm.sharded_backward_apply", grad_out, x, mul, weight, bias, rstd, sums,
+                                      hidden_size)  # fmt: skip
     grad_mul = torch.empty(x.shape, dtype=x.dtype, device=x.device) if mul is not None else x.new_empty(0)
     return torch.empty(x.shape, dtype=x.dtype, device=x.device), grad_mul
 

@@ -31,7 +31,12 @@ _VARIANTS = {"sigmoid_weight": False, "output_scale": 1.0, "bias_clamp": None, "
 # Motif's gated MLP, down_proj(act_fn(gate_proj(x)) * up_proj(x)): its children's names.
 _MLP_CHILDREN = frozenset(("gate_proj", "up_proj", "down_proj", "act_fn"))
 _FLOAT_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+# The module's own hooks, which the new module would not have: forward and backward hooks, and
+# state_dict and load_state_dict hooks (the state_dict would otherwise change without a word).
+_HOOK_DICTS = (
+    "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+    "_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks",
+)  # fmt: skip
 
 
 class _Skip(Exception):
@@ -45,6 +50,17 @@ def _untouched(mod: nn.Module) -> None:
         raise _Skip(f"it has {hooks} hook(s), which a new module would not run")
     if "forward" in vars(mod):
         raise _Skip("its forward is replaced on the instance (a wrapper's), which a new module would not run")
+
+
+def _is_neutral(value, neutral) -> bool:
+    """Whether an option attribute holds the value at which the module computes PolyNorm. A value
+    that does not compare to one truth value (a tensor of several elements) is not neutral."""
+    if neutral is None:
+        return value is None
+    try:
+        return bool(value == neutral)
+    except (RuntimeError, TypeError, ValueError):
+        return False
 
 
 def _polynorm_kind(mod: nn.Module):
@@ -69,7 +85,7 @@ def _polynorm_kind(mod: nn.Module):
     if weight.dtype not in _FLOAT_DTYPES or bias.dtype not in _FLOAT_DTYPES:
         raise _Skip(f"expected float32, float64, float16 or bfloat16 parameters, got {weight.dtype} and {bias.dtype}")
     for attr, neutral in _VARIANTS.items():
-        if hasattr(mod, attr) and getattr(mod, attr) != neutral:
+        if hasattr(mod, attr) and not _is_neutral(getattr(mod, attr), neutral):
             raise _Skip(f"{attr}={getattr(mod, attr)!r} makes it another function than PolyNorm")
     eps_name = next((n for n in _EPS_NAMES if hasattr(mod, n)), None)
     if eps_name is None:

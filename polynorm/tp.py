@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from polynorm import reference
-from polynorm._common import check_eps
+from polynorm._common import check_eps, check_sharded_params
 
 __all__ = ["BACKENDS", "poly_norm", "poly_norm_mul"]
 
@@ -133,13 +133,17 @@ def poly_norm(
 
     Raises:
         ValueError: an unknown backend, hidden_size below 1 or below H_shard, eps negative
-            or not finite. RuntimeError: the ops' checks (dtypes, shapes, devices), each
-            message naming the op.
+            or not finite. TypeError: x, weight or bias not a tensor, hidden_size not an int.
+            RuntimeError: x not float32/float64/float16/bfloat16 or 0-d, weight not ``(3,)``,
+            bias not ``(1,)`` or ``()``, or either not of a float dtype or not on x's device:
+            checked for every backend, naming this function.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
     op = "polynorm.tp.poly_norm"
     passes = _passes(op, backend)
+    # Checked here for every backend: the float64 oracles of backend "reference" check nothing.
+    check_sharded_params(op, x, None, weight, bias)
     eps = check_eps(op, eps)
     return _ShardedPolyNorm.apply(x, None, weight, bias, group, _check_hidden_size(op, x, hidden_size), eps, passes)
 
@@ -168,7 +172,8 @@ def poly_norm_mul(
     """
     op = "polynorm.tp.poly_norm_mul"
     passes = _passes(op, backend)
-    eps = check_eps(op, eps)
     if not isinstance(mul, Tensor):
         raise TypeError(f"{op}: expected mul to be a Tensor, got {type(mul).__name__}")
+    check_sharded_params(op, x, mul, weight, bias)  # as in poly_norm
+    eps = check_eps(op, eps)
     return _ShardedPolyNorm.apply(x, mul, weight, bias, group, _check_hidden_size(op, x, hidden_size), eps, passes)

@@ -1039,6 +1039,8 @@ def poly_norm_grouped_mul_forward_fp8_triton(
     if mul is None:
         check_grouped_forward_args(op, x, weight, bias, offsets, eps)
         check_grouped_mul_options(op, hidden_clamp, None, output_scale)
+        if output_scale != 1.0:  # it scales the product with mul, and there is none
+            raise ValueError(f"{op}: expected output_scale 1.0 with mul None, got {output_scale!r}")
     else:
         check_grouped_mul_forward_args(op, x, mul, weight, bias, offsets, eps, hidden_clamp, None, output_scale)
     if x.dtype == torch.float64:

@@ -20,6 +20,12 @@ import triton.language as tl
 from torch import Tensor
 from torch.library import wrap_triton
 
+from polynorm._common import (
+    check_sharded_backward_apply_args,
+    check_sharded_backward_stats_args,
+    check_sharded_forward_apply_args,
+    check_sharded_forward_stats_args,
+)
 from polynorm.triton_kernels import (
     _acc_dtype,
     _as_rows,
@@ -237,56 +243,13 @@ def _shard_rows(t: Tensor, M: int) -> tuple[Tensor, int]:
     return rows, row_stride
 
 
-def _rows_of(x: Tensor) -> int:
-    M = 1
-    for n in x.shape[:-1]:
-        M *= n
-    return M
-
-
-def _check(op: str, x: Tensor, mul=None, *, sums=None, rstd=None, like=(), hidden_size=None, params=None) -> int:
-    """The C++ ops' checks (csrc/ops.cpp), named for the Triton op: returns M."""
-    supported = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected x to be a Tensor, got {type(x).__name__}")
-    if x.dtype not in supported:
-        raise RuntimeError(f"{op}: expected x to be float32, float64, float16 or bfloat16, got {x.dtype}")
-    if x.dim() < 1:
-        raise RuntimeError(f"{op}: expected x to have at least 1 dimension (..., H_shard), got a 0-d tensor")
-    M = _rows_of(x)
-    acc = _acc_dtype(x.dtype)
-    for name, t in (*like, ("mul", mul)):
-        if t is None:
-            continue
-        if t.shape != x.shape or t.dtype != x.dtype or t.device != x.device:
-            raise RuntimeError(f"{op}: expected {name} to have x's shape {list(x.shape)}, dtype {x.dtype} and "
-                               f"device {x.device}, got {list(t.shape)}, {t.dtype} and {t.device}")
-    for name, t in (("sums", sums), ("rstd", rstd)):
-        if t is None:
-            continue
-        if t.shape != (M, 3) or t.dtype != acc or t.device != x.device:
-            raise RuntimeError(f"{op}: expected {name} of shape [{M}, 3] and dtype {acc} on {x.device}, got "
-                               f"{list(t.shape)} of {t.dtype} on {t.device}")
-    if params is not None:
-        weight, bias = params
-        if weight.numel() != 3 or bias.numel() != 1:
-            raise RuntimeError(f"{op}: expected weight of 3 elements and bias of 1, got {weight.numel()} and "
-                               f"{bias.numel()}")
-        if weight.device != x.device or bias.device != x.device:
-            raise RuntimeError(f"{op}: expected weight and bias on x's device {x.device}, got {weight.device} "
-                               f"and {bias.device}")
-    if hidden_size is not None and not (hidden_size >= 1 and hidden_size >= x.shape[-1]):
-        raise RuntimeError(f"{op}: expected hidden_size (the unsharded H) >= 1 and >= x's shard width "
-                           f"{x.shape[-1]}, got {hidden_size}")
-    _check_runs_here(op, x)
-    return M
-
-
 @_op("polynorm::sharded_forward_stats_triton", mutates_args=(), schema="(Tensor x) -> Tensor")
 def sharded_forward_stats_triton(x: Tensor) -> Tensor:
     """This shard's ``[sum x^2, sum x^4, sum x^6]`` a row, ``[M, 3]`` fp32 (fp64 for fp64 x): the
     Triton twin of ``torch.ops.polynorm.sharded_forward_stats`` (MATH.md (12))."""
-    M = _check("polynorm.sharded_forward_stats_triton", x)
+    op = "polynorm.sharded_forward_stats_triton"
+    M = check_sharded_forward_stats_args(op, x)  # the C++ op's checks, named for this op
+    _check_runs_here(op, x)
     sums = x.new_empty((M, 3), dtype=_acc_dtype(x.dtype))
     x_rows, x_row_stride = _shard_rows(x, M)
     if M and _launchable(x_rows):
@@ -312,7 +275,8 @@ def sharded_forward_apply_triton(
     """(out, rstd) of this shard's columns from the summed sums: the Triton twin of
     ``torch.ops.polynorm.sharded_forward_apply`` (MATH.md (1)-(3), (8))."""
     op = "polynorm.sharded_forward_apply_triton"
-    M = _check(op, x, mul, sums=sums, hidden_size=hidden_size, params=(weight, bias))
+    M = check_sharded_forward_apply_args(op, x, mul, sums, weight, bias, hidden_size, eps)
+    _check_runs_here(op, x)
     out = torch.empty_like(x, memory_format=torch.contiguous_format)
     rstd = x.new_empty((M, 3), dtype=_acc_dtype(x.dtype))
     sums_c = sums.contiguous()
@@ -345,7 +309,8 @@ def sharded_backward_stats_triton(
     parameter gradients: the Triton twin of ``torch.ops.polynorm.sharded_backward_stats``
     (MATH.md (13)-(14)). The rows' shares are summed by ``torch.sum``, deterministic for a fixed M."""
     op = "polynorm.sharded_backward_stats_triton"
-    M = _check(op, x, mul, rstd=rstd, like=(("grad_out", grad_out),))
+    M = check_sharded_backward_stats_args(op, grad_out, x, mul, rstd)
+    _check_runs_here(op, x)
     acc = _acc_dtype(x.dtype)
     sums = x.new_empty((M, 3), dtype=acc)
     terms = x.new_empty((M, 4), dtype=acc)
@@ -377,8 +342,8 @@ def sharded_backward_apply_triton(
     """(grad_x, grad_mul) of this shard's columns from the summed sums (grad_mul of 0 elements
     without mul): the Triton twin of ``torch.ops.polynorm.sharded_backward_apply`` (MATH.md (6), (10))."""
     op = "polynorm.sharded_backward_apply_triton"
-    M = _check(op, x, mul, sums=sums, rstd=rstd, like=(("grad_out", grad_out),), hidden_size=hidden_size,
-               params=(weight, bias))  # fmt: skip
+    M = check_sharded_backward_apply_args(op, grad_out, x, mul, weight, bias, rstd, sums, hidden_size)
+    _check_runs_here(op, x)
     grad_x = torch.empty_like(x, memory_format=torch.contiguous_format)
     grad_mul = torch.empty_like(x, memory_format=torch.contiguous_format) if mul is not None else x.new_empty(0)
     rstd_c, sums_c = rstd.contiguous(), sums.contiguous()

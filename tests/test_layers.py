@@ -526,6 +526,33 @@ def test_other_modules_named_polynorm_are_left_with_a_warning(make, reason):
     assert model.act_fn is old and type(model) is motif.MotifMLP
 
 
+def _state_dict_hooked_polynorm():
+    act = motif.PolyNorm()
+    act.register_state_dict_post_hook(lambda mod, state, prefix, local_metadata: None)
+    return act
+
+
+def _array_output_scale():  # an option that compares to no single truth value
+    act = motif.PolyNorm()
+    act.output_scale = torch.tensor([1.0, 0.5])
+    return act
+
+
+@pytest.mark.parametrize(
+    "make,reason",
+    [(_state_dict_hooked_polynorm, "1 hook"), (_array_output_scale, "output_scale=tensor")],
+)
+def test_patch_leaves_state_dict_hooks_and_unclear_options(make, reason):
+    """A state_dict hook would be lost with the module (the state_dict would change without a
+    word), and an option that is a tensor of several values used to crash patch_model
+    ("Boolean value of Tensor ... is ambiguous"): both are left as they are, with the reason."""
+    model = motif.MotifMLP(make())
+    old = model.act_fn
+    with pytest.warns(UserWarning, match=r"polynorm\.patch_model: left 1 module\(s\).*act_fn: .*" + re.escape(reason)):
+        assert polynorm.patch_model(nn.Sequential(model)) == {}
+    assert model.act_fn is old
+
+
 def test_patch_model_errors():
     with pytest.raises(ValueError, match=r"polynorm\.patch_model: expected a model that holds PolyNorm modules, got"):
         polynorm.patch_model(motif.PolyNorm())
@@ -560,6 +587,16 @@ def test_layers_construct_as_the_hub(theirs, ours):
     c, d = theirs(1e-5, dtype=torch.bfloat16), ours(1e-5, dtype=torch.bfloat16)
     assert d.eps == c.eps == 1e-5 and d.weight.dtype == c.weight.dtype == torch.bfloat16
     assert isinstance(d, polynorm.PolyNorm if ours is layers.PolyNorm else polynorm.FusedMulPolyNorm)
+
+
+@pytest.mark.parametrize("ours", [layers.PolyNorm, layers.FusedMulPolyNorm, polynorm.PolyNorm, polynorm.FusedMulPolyNorm])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.complex64], ids=str)
+def test_layers_refuse_a_parameter_dtype_the_ops_refuse(ours, dtype):
+    # A complex module used to be built, and fail only at its first forward; an integer one
+    # failed with torch's message about gradients, naming no module.
+    name = re.escape(f"polynorm.{'layers.' if ours.__module__ == 'polynorm.layers' else ''}{ours.__name__}")
+    with pytest.raises(TypeError, match=f"{name}: expected dtype to be None, float32, float64, float16 or bfloat16, got {dtype}"):
+        ours(dtype=dtype)
 
 
 @pytest.mark.parametrize("param_dtype", [torch.float32, torch.bfloat16])

@@ -282,6 +282,14 @@ def test_bad_mul():
         torch.ops.polynorm.grouped_mul_forward(x, x[:, :4], torch.ones(2, 3), torch.zeros(2), torch.tensor([2, 4]))
 
 
+def test_counts_errors_name_the_function():
+    x = torch.randn(4, 8)
+    for fn, name in ((polynorm.poly_norm_grouped_mul, "poly_norm_grouped_mul"),
+                     (polynorm.poly_norm_grouped_mul_fp8, "poly_norm_grouped_mul_fp8")):  # fmt: skip
+        with pytest.raises(RuntimeError, match=f"polynorm.{name}: expected counts to be int32 or int64, got torch.float32"):
+            fn(x, x, torch.ones(2, 3), torch.zeros(2), counts=torch.tensor([2.0, 2.0]), backend="reference")
+
+
 # ---------------------------------------------------------------------------------------
 # Modules
 # ---------------------------------------------------------------------------------------
@@ -373,6 +381,45 @@ def test_topk_matches_sorted_layout():
     assert torch.equal(got[order], sorted_out)
 
 
+TOPK_BACKENDS = [
+    "auto",
+    pytest.param("triton", marks=[requires_triton, requires_interpreter]),
+    "reference",
+]
+
+
+@pytest.mark.parametrize("backend", TOPK_BACKENDS)
+def test_topk_checks_on_every_backend(backend):
+    """Every backend checks the arguments first, naming the function: a bias of the wrong shape
+    (not a reshape's error), arguments that are not tensors, and an out whose rows share memory
+    (an expanded tensor, which the kernels would write from several rows at once)."""
+    T, K, H, E = 3, 2, 8, 3
+    x = torch.randn(T * K, H)
+    w, b, ids = torch.randn(E, 3), torch.randn(E), torch.randint(0, E, (T, K))
+    op = "polynorm.poly_norm_grouped_mul_topk: expected"
+    with pytest.raises(RuntimeError, match=rf"{op} bias of shape \[3\] or \[3, 1\] .*got \[3, 2\]"):
+        polynorm.poly_norm_grouped_mul_topk(x, x, w, torch.randn(E, 2), ids, backend=backend)
+    with pytest.raises(TypeError, match=f"{op} topk_ids to be a Tensor, got list"):
+        polynorm.poly_norm_grouped_mul_topk(x, x, w, b, ids.tolist(), backend=backend)
+    with pytest.raises(TypeError, match=f"{op} expert_map to be a Tensor, got list"):
+        polynorm.poly_norm_grouped_mul_topk(x, x, w, b, ids, [0, 1, 2], backend=backend)
+    with pytest.raises(ValueError, match=f"{op} eps to be finite and >= 0, got nan"):
+        polynorm.poly_norm_grouped_mul_topk(x, x, w, b, ids, eps=float("nan"), backend=backend)
+    expanded = torch.zeros(1, H).expand(T * K, H)
+    with pytest.raises(RuntimeError, match=rf"{op} out without internal overlap .*got strides \[0, 1\]"):
+        polynorm.poly_norm_grouped_mul_topk(x, x, w, b, ids, out=expanded, backend=backend)
+    assert not expanded.any()
+
+
+def test_topk_op_refuses_an_out_with_internal_overlap():
+    x = torch.randn(4, 8)
+    out = torch.zeros(1, 8).expand(4, 8)
+    with pytest.raises(RuntimeError, match="polynorm.grouped_mul_topk_forward: expected out without internal overlap"):
+        torch.ops.polynorm.grouped_mul_topk_forward(
+            x, x, torch.ones(2, 3), torch.zeros(2), torch.zeros(4, 1, dtype=torch.long), None, 1e-6, None, 1.0, out
+        )
+
+
 # ---------------------------------------------------------------------------------------
 # FP8 output
 # ---------------------------------------------------------------------------------------
@@ -425,6 +472,45 @@ def test_fp8_packed_scales_decode():
     assert torch.equal(torch.ldexp(torch.ones_like(pow2), codes - 127), pow2)
     mant, _ = torch.frexp(pow2)
     assert (mant == 0.5).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_fp8_checks_on_every_backend(backend):
+    """The reference backend refuses what the kernel refuses (it used to quantise a float64 x,
+    and take any scale_format for "ue8m0"), and the parameters are checked before the
+    coefficients are formed from them; all before any kernel runs, naming the function."""
+    x = torch.randn(4, 128)
+    w, b, offsets = torch.ones(2, 3), torch.zeros(2), torch.tensor([2, 4])
+    op = "polynorm.poly_norm_grouped_mul_fp8: expected"
+    fp8 = polynorm.poly_norm_grouped_mul_fp8
+    with pytest.raises(RuntimeError, match=rf"{op} bias of shape \[2\] or \[2, 1\] .*got \[2, 2\]"):
+        fp8(x, x, w, torch.zeros(2, 2), offsets, backend=backend)
+    with pytest.raises(RuntimeError, match=rf"{op} bias of shape \[2\] or \[2, 1\] .*got \[\]"):
+        fp8(x, None, w, torch.tensor(0.0), offsets, backend=backend)
+    with pytest.raises(RuntimeError, match=f"{op} x to be float16, bfloat16 or float32 .*got torch.float64"):
+        fp8(x.double(), x.double(), w, b, offsets, backend=backend)
+    with pytest.raises(ValueError, match=f"{op} scale_format to be one of fp32, ue8m0, ue8m0_packed, got 'ue8m1'"):
+        fp8(x, x, w, b, offsets, scale_format="ue8m1", backend=backend)
+    with pytest.raises(ValueError, match=f"{op} output_scale 1.0 with mul None .*got 0.5"):
+        fp8(x, None, w, b, offsets, output_scale=0.5, backend=backend)
+    with pytest.raises(TypeError, match=f"{op} offsets to be a Tensor, got list"):
+        fp8(x, x, w, b, [2, 4], backend=backend)
+
+
+@pytest.mark.parametrize("backend", [pytest.param("triton", marks=[requires_triton, requires_interpreter]), "reference"])
+def test_fp8_without_mul_clamps_x(backend):
+    """With mul None, v is MATH.md (18)'s y: PolyNorm of clamp_c(x), on every backend (the
+    reference used to leave x unclamped). Dequantised, q is the float64 oracle's within e4m3's
+    precision."""
+    gen = torch.Generator().manual_seed(seed_for("moe-fp8-clamp", backend))
+    counts, H, c = [3, 2], 160, 0.5
+    x, _, _, w, b, offsets = make_case(counts, H, torch.float32, "cpu", gen)
+    x = x * 3  # most values beyond ±c
+    q, scale = polynorm.poly_norm_grouped_mul_fp8(x, None, w, b, offsets, hidden_clamp=c, backend=backend)
+    want = reference.poly_norm_grouped(x.double().clamp(-c, c), w.double(), b.double(), offsets, EPS,
+                                       compute_dtype=torch.float64)  # fmt: skip
+    deq = q.double() * scale.double().repeat_interleave(128, dim=1)[:, :H]
+    assert ((deq - want).abs() <= want.abs() / 16 + scale.max().item() * 2**-9).all()
 
 
 def test_moe_timing_smoke(tmp_path):

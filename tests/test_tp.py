@@ -203,6 +203,60 @@ def test_errors_name_the_op():
         polynorm.tp.poly_norm(x, torch.ones(3), torch.zeros(1), hidden_size=8, backend="cuda")
 
 
+TP_BACKENDS = [
+    "auto",
+    pytest.param("triton", marks=[requires_triton, pytest.mark.skipif(not INTERPRET, reason="needs TRITON_INTERPRET=1")]),
+    "reference",
+]
+
+
+@pytest.mark.parametrize("backend", TP_BACKENDS)
+def test_public_checks_on_every_backend(backend):
+    """polynorm.tp checks x, mul, weight and bias for every backend, before any collective (so
+    no process group is needed), naming the function: the float64 oracles of backend
+    "reference" used to take an int, bool or complex x and return it in that dtype."""
+    x, w, b = torch.randn(4, 8), torch.ones(3), torch.zeros(1)
+    op = "polynorm.tp.poly_norm: expected"
+    for bad in (x.int(), x > 0, x.to(torch.complex64)):
+        with pytest.raises(RuntimeError, match=f"{op} x to be float32, float64, float16 or bfloat16, got {bad.dtype}"):
+            polynorm.tp.poly_norm(bad, w, b, hidden_size=8, backend=backend)
+    with pytest.raises(RuntimeError, match=f"{op} x to have at least 1 dimension"):
+        polynorm.tp.poly_norm(x[0, 0], w, b, hidden_size=8, backend=backend)
+    with pytest.raises(TypeError, match=f"{op} x to be a Tensor, got list"):
+        polynorm.tp.poly_norm(x.tolist(), w, b, hidden_size=8, backend=backend)
+    with pytest.raises(RuntimeError, match=rf"{op} weight of shape \[3\] .*got \[3, 1\]"):
+        polynorm.tp.poly_norm(x, w[:, None], b, hidden_size=8, backend=backend)
+    with pytest.raises(RuntimeError, match=f"{op} bias to be float32, float64, float16 or bfloat16, got torch.int64"):
+        polynorm.tp.poly_norm(x, w, b.long(), hidden_size=8, backend=backend)
+    with pytest.raises(RuntimeError, match=f"{op} weight on x's device cpu, got meta"):
+        polynorm.tp.poly_norm(x, w.to("meta"), b, hidden_size=8, backend=backend)
+    with pytest.raises(RuntimeError, match="polynorm.tp.poly_norm_mul: expected mul to have x's dtype torch.float32, got torch.float64"):
+        polynorm.tp.poly_norm_mul(x, x.double(), w, b, hidden_size=8, backend=backend)
+
+
+def test_sharded_ops_check_like_the_cpu_kernels():
+    """A meta argument beside CPU ones sends the C++ ops to their fake kernels, which check as
+    the kernels do (they used to return empty CPU tensors: garbage out); the Triton ops refuse
+    what the C++ ops refuse (a [3, 1] weight, an int bias, a NaN eps)."""
+    x, w, b = torch.randn(4, 8), torch.ones(3), torch.zeros(1)
+    ops = torch.ops.polynorm
+    sums = ops.sharded_forward_stats(x)
+    with pytest.raises(RuntimeError, match="polynorm.sharded_forward_apply: expected weight on x's device cpu, got meta"):
+        ops.sharded_forward_apply(x, None, sums, w.to("meta"), b, 8, 1e-6)
+    with pytest.raises(RuntimeError, match="polynorm.sharded_backward_stats: expected rstd on x's device cpu, got meta"):
+        ops.sharded_backward_stats(x, x, None, sums.to("meta"))
+    if INTERPRET and polynorm.ops._triton_kernels is not None:
+        from polynorm import triton_sharded  # noqa: F401  (registers the *_triton ops)
+
+        op = "polynorm.sharded_forward_apply_triton: expected"
+        with pytest.raises(RuntimeError, match=rf"{op} weight of shape \[3\] .*got \[3, 1\]"):
+            ops.sharded_forward_apply_triton(x, None, sums, w[:, None], b, 8, 1e-6)
+        with pytest.raises(RuntimeError, match=f"{op} bias to be float32, float64, float16 or bfloat16, got torch.int64"):
+            ops.sharded_forward_apply_triton(x, None, sums, w, b.long(), 8, 1e-6)
+        with pytest.raises(ValueError, match=f"{op} eps to be finite and >= 0, got nan"):
+            ops.sharded_forward_apply_triton(x, None, sums, w, b, 8, float("nan"))
+
+
 # ---------------------------------------------------------------------------------------
 # Several processes: every rank's columns against the unsharded op
 # ---------------------------------------------------------------------------------------
