@@ -293,7 +293,7 @@ def check_tensor_parallel(args, device) -> list[tuple[str, float, float]]:
             gate, up = x @ params["gate"].T, x @ params["up"].T
             w, b = params["act.weight"], params["act.bias"]
             if tensor_parallel:
-                act = polynorm.tp.poly_norm_mul(gate, up, w, b, hidden_size=F, backend=_tp_backend(args.backend))
+                act = polynorm.tp.poly_norm_mul(gate, up, w, b, hidden_size=F, backend=args.backend)
                 out = _SumOverRanks.apply(act @ params["down"].T)
             else:
                 out = polynorm.poly_norm_mul(gate, up, w, b, backend=args.backend) @ params["down"].T
@@ -321,10 +321,6 @@ def check_tensor_parallel(args, device) -> list[tuple[str, float, float]]:
     worst = max((rel(p, sharded(n, single[n])), n) for n, p in local.items())
     results.append((f"parameters after {args.steps} steps (worst: {worst[1]})", worst[0], PARAM_TOL))
     return results
-
-
-def _tp_backend(backend: str) -> str:
-    return "auto" if backend == "cuda" else backend
 
 
 def main(argv=None) -> int:

@@ -30,7 +30,7 @@ from polynorm._common import check_eps, check_sharded_params
 
 __all__ = ["BACKENDS", "poly_norm", "poly_norm_mul"]
 
-BACKENDS = ("auto", "triton", "reference")
+BACKENDS = ("auto", "cuda", "triton", "reference")
 
 
 class _Passes(NamedTuple):
@@ -42,12 +42,13 @@ class _Passes(NamedTuple):
 
 def _passes(op: str, backend: str) -> _Passes:
     """The four sharded passes of ``backend``: ``"auto"`` the C++ ops (the CPU kernel for CPU
-    tensors, the CUDA kernels for CUDA ones), ``"triton"`` their Triton twins, ``"reference"``
-    the float64 oracles (:mod:`polynorm.reference`)."""
+    tensors, the CUDA kernels for CUDA ones), ``"cuda"`` the same ops for CUDA tensors only
+    (:func:`_check_device`), ``"triton"`` their Triton twins, ``"reference"`` the float64
+    oracles (:mod:`polynorm.reference`)."""
     if backend == "reference":
         return _Passes(reference.sharded_forward_stats, reference.sharded_forward_apply,
                        reference.sharded_backward_stats, reference.sharded_backward_apply)  # fmt: skip
-    if backend == "auto":
+    if backend in ("auto", "cuda"):
         ops = torch.ops.polynorm
         return _Passes(ops.sharded_forward_stats, ops.sharded_forward_apply, ops.sharded_backward_stats,
                        ops.sharded_backward_apply)  # fmt: skip
@@ -61,6 +62,12 @@ def _passes(op: str, backend: str) -> _Passes:
         return _Passes(ops.sharded_forward_stats_triton, ops.sharded_forward_apply_triton,
                        ops.sharded_backward_stats_triton, ops.sharded_backward_apply_triton)  # fmt: skip
     raise ValueError(f"{op}: expected backend to be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def _check_device(op: str, backend: str, x: Tensor) -> None:
+    # "auto" picks the CPU or CUDA kernels by x's device; "cuda" promises the CUDA ones.
+    if backend == "cuda" and x.device.type not in ("cuda", "meta"):
+        raise RuntimeError(f"{op}: backend 'cuda' expected x on a CUDA device (or the meta device), got {x.device}")
 
 
 def _all_reduce(sums: Tensor, group) -> Tensor:
@@ -123,8 +130,9 @@ def poly_norm(
         hidden_size: the unsharded H, the sum of the ranks' ``H_shard`` (a keyword: an uneven
             split cannot be inferred from one rank's shard without asking the others).
         eps: added to each mean square inside the square root; finite and >= 0.
-        backend: ``"auto"`` (the C++ CPU or CUDA kernels, by x's device), ``"triton"`` (CUDA
-            tensors, or CPU tensors under ``TRITON_INTERPRET=1``) or ``"reference"`` (float64).
+        backend: ``"auto"`` (the C++ CPU or CUDA kernels, by x's device), ``"cuda"`` (the CUDA
+            kernels: x on a CUDA device), ``"triton"`` (CUDA tensors, or CPU tensors under
+            ``TRITON_INTERPRET=1``) or ``"reference"`` (float64).
 
     Returns:
         This rank's columns of y: x's shape and dtype. Differentiable in x, weight and bias.
@@ -136,7 +144,8 @@ def poly_norm(
             or not finite. TypeError: x, weight or bias not a tensor, hidden_size not an int.
             RuntimeError: x not float32/float64/float16/bfloat16 or 0-d, weight not ``(3,)``,
             bias not ``(1,)`` or ``()``, or either not of a float dtype or not on x's device:
-            checked for every backend, naming this function.
+            checked for every backend, naming this function; backend ``"cuda"`` with x not on a
+            CUDA (or meta) device.
 
     Source: Zhuo et al., "Polynomial Composition Activations", arXiv:2411.03884.
     """
@@ -144,6 +153,7 @@ def poly_norm(
     passes = _passes(op, backend)
     # Checked here for every backend: the float64 oracles of backend "reference" check nothing.
     check_sharded_params(op, x, None, weight, bias)
+    _check_device(op, backend, x)
     eps = check_eps(op, eps)
     return _ShardedPolyNorm.apply(x, None, weight, bias, group, _check_hidden_size(op, x, hidden_size), eps, passes)
 
@@ -175,5 +185,6 @@ def poly_norm_mul(
     if not isinstance(mul, Tensor):
         raise TypeError(f"{op}: expected mul to be a Tensor, got {type(mul).__name__}")
     check_sharded_params(op, x, mul, weight, bias)  # as in poly_norm
+    _check_device(op, backend, x)
     eps = check_eps(op, eps)
     return _ShardedPolyNorm.apply(x, mul, weight, bias, group, _check_hidden_size(op, x, hidden_size), eps, passes)

@@ -200,7 +200,11 @@ def test_errors_name_the_op():
     with pytest.raises(ValueError, match="polynorm.tp.poly_norm: expected hidden_size .* got 0"):
         polynorm.tp.poly_norm(x, torch.ones(3), torch.zeros(1), hidden_size=0)
     with pytest.raises(ValueError, match="polynorm.tp.poly_norm: expected backend to be one of"):
-        polynorm.tp.poly_norm(x, torch.ones(3), torch.zeros(1), hidden_size=8, backend="cuda")
+        polynorm.tp.poly_norm(x, torch.ones(3), torch.zeros(1), hidden_size=8, backend="cuda-graph")
+    # "cuda" is the CUDA kernels, as in polynorm.poly_norm: CPU tensors are refused, before any collective.
+    for fn, args in ((polynorm.tp.poly_norm, (x,)), (polynorm.tp.poly_norm_mul, (x, torch.randn_like(x)))):
+        with pytest.raises(RuntimeError, match=f"polynorm.tp.{fn.__name__}: backend 'cuda' expected x on a CUDA device"):
+            fn(*args, torch.ones(3), torch.zeros(1), hidden_size=8, backend="cuda")
 
 
 TP_BACKENDS = [
@@ -295,7 +299,7 @@ def _check_rank(rank, world, device, backend, dtype, H, widths, with_mul, result
     g = torch.randn(x.shape, generator=gen).to(dtype).to(device)
     w = torch.tensor([0.7, -0.4, 0.9], device=device)
     b = torch.tensor([0.1], device=device)
-    unsharded_backend = {"auto": "auto", "triton": "triton", "reference": "reference"}[backend]
+    unsharded_backend = {"auto": "auto", "cuda": "cuda", "triton": "triton", "reference": "reference"}[backend]
     want = _unsharded(x, mul, g, w, b, unsharded_backend)
     lo = sum(widths[:rank])
     cols = slice(lo, lo + widths[rank])
@@ -407,7 +411,7 @@ def test_gloo_triton_interpreter_on_cpu():
 
 @requires_gloo
 @requires_cuda
-@pytest.mark.parametrize("backend", ["auto", pytest.param("triton", marks=requires_triton)])
+@pytest.mark.parametrize("backend", ["auto", "cuda", pytest.param("triton", marks=requires_triton)])
 def test_gloo_two_processes_on_one_gpu(backend):
     # The kernels through polynorm.tp; the DTensor route is the same Python on every device (its
     # CPU test above; over NCCL: the two-GPU tests of test_distributed.py).
