@@ -12,8 +12,9 @@
 #                  PATH=/tmp/v/bin:$PATH CUDA_HOME=/usr/local/cuda TORCH_CUDA_ARCH_LIST=9.0 \
 #                    python -m pip wheel . --no-build-isolation --no-deps -w .whl
 #   timing       bench/ops_timing.py: kernel-only ratios to same-run floors, both ops, three dtypes, ~3 min
-#   compare      bench/compare_builds.py --old $OLD_BUILD --new .: the guard, ~5 min (OLD_BUILD: the
-#                folder holding the old build's polynorm/, built for this GPU)
+#   compare      bench/compare_builds.py --old $OLD_BUILD --new . $COMPARE_ARGS: the guard, ~5 min (OLD_BUILD:
+#                the folder holding the old build's polynorm/, built for this GPU; COMPARE_ARGS, e.g.
+#                "--no-triton --no-warm --repeat 2": the CUDA ops alone, ~3.5 min)
 #   kernels      the CUDA/Triton parity and kernel tests (pytest -k cuda), ~1.5 min
 #   smoke        the smoke subset (pytest -m smoke): every backend, dtype and layout once
 #   ptx          a build of compute_80 PTX alone (no sm_90 code) in a copy of the tree, which the driver JIT
@@ -30,8 +31,11 @@
 #   mul_bench    bench/bench.py --op poly_norm_mul --quick, ~1.5 min
 #   grouped      bench/grouped_timing.py: the grouped op against the loop over experts, ~1.5 min
 #   triton_host  bench/triton_host.py: where the Triton backend's host time goes, ~1 min
-#   tp           bench/tp_timing.py (the sharded passes of tensor parallelism against their floors and the
-#                unsharded op, ~2 min), then tests/test_tp.py's GPU cases (2 processes on one GPU, gloo)
+#   tp           bench/tp_timing.py: the sharded passes of tensor parallelism against their floors and the
+#                unsharded op, ~2 min
+#   tp_tests     tests/test_tp.py's GPU cases (2 processes on one GPU, gloo); the suite runs them too
+#   moe          bench/moe_timing.py: Motif-3's grouped fused-mul PolyNorm against its floors, the loop over
+#                experts and torch.compile, ~3 min
 # A stage with many output files packs them as one .tgz: the device tool returns a limited number
 # of files. liger-kernel, when wanted, comes as a wheel in .whl/ (a polynorm wheel there is the wheel stage's).
 set -uo pipefail
@@ -67,7 +71,7 @@ for stage in "${stages[@]}"; do
       timeout 300 python3 bench/ops_timing.py > "$OUT/ops_timing.log" 2>&1; echo "timing rc=$?"; tail -3 "$OUT/ops_timing.log" ;;
     compare)
       timeout 560 python3 bench/compare_builds.py --old "${OLD_BUILD:?set OLD_BUILD to the folder holding the old polynorm/}" --new . \
-        --out "$OUT/compare" > "$OUT/compare_builds.log" 2>&1; echo "compare rc=$?"
+        ${COMPARE_ARGS:-} --out "$OUT/compare" > "$OUT/compare_builds.log" 2>&1; echo "compare rc=$?"
       sed -n '/^worst per column/,$p' "$OUT/compare_builds.log"
       tar czf "$OUT/compare.tgz" -C "$OUT" compare && rm -rf "$OUT/compare" ;;
     kernels)
@@ -103,7 +107,7 @@ for stage in "${stages[@]}"; do
       (cd /tmp/wheel_run && export PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} \
         && python3 -c "import polynorm, torch; print('polynorm from', polynorm.__file__, 'torch', torch.__version__)" \
         && /usr/bin/time -f "wheel smoke wall %e s" timeout 200 python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke \
-        && mkdir -p train && /usr/bin/time -f "wheel train wall %e s" timeout 420 python3 -m polynorm --no-progress --out train) \
+        && mkdir -p train && /usr/bin/time -f "wheel train wall %e s" timeout "${TRAIN_TIMEOUT:-420}" python3 -m polynorm --no-progress --out train) \
         > "$OUT/wheel.log" 2>&1; echo "wheel rc=$?"
       grep -E "polynorm from|passed|failed|^OK|^FAILED|wall" "$OUT/wheel.log" ;;
     profile)
@@ -156,9 +160,13 @@ for stage in "${stages[@]}"; do
       timeout 200 python3 bench/grouped_timing.py --out "$OUT/grouped_timing.json" 2>&1 | tee "$OUT/grouped_timing.log" ;;
     tp)
       timeout 240 python3 bench/tp_timing.py --log "$OUT/tp_timing.log" > "$OUT/tp_timing.out" 2>&1
-      echo "tp timing rc=$?"; tail -1 "$OUT/tp_timing.out"
+      echo "tp timing rc=$?"; tail -1 "$OUT/tp_timing.out" ;;
+    tp_tests)
       timeout 300 python3 -m pytest tests/test_tp.py -q -ra -p no:cacheprovider -k "cuda or gpu" \
         > "$OUT/tests_tp.log" 2>&1; echo "pytest tp rc=$?"; tail -1 "$OUT/tests_tp.log" ;;
+    moe)
+      timeout 300 python3 bench/moe_timing.py --out "$OUT/moe_timing.json" > "$OUT/moe_timing.log" 2>&1
+      echo "moe timing rc=$?"; tail -30 "$OUT/moe_timing.log" ;;
     triton_host)
       timeout 150 python3 bench/triton_host.py > "$OUT/triton_host.log" 2>&1; echo "triton_host rc=$?" ;;
     *)
