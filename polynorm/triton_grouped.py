@@ -111,6 +111,18 @@ def _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC: tl.constexp
     return w0, w1, w2
 
 
+@triton.jit
+def _owned_rstd(s1, s2, s3, owned, H, eps, ACC: tl.constexpr, BLOCK_M: tl.constexpr):
+    # MATH.md (2): each term's rstd from its row sums, once per row; 0 on rows of no expert.
+    inv_h = inv_h_of(H, ACC)
+    e = tl.full([], eps, ACC)
+    zero = tl.zeros([BLOCK_M], ACC)
+    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
+    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
+    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    return r1, r2, r3
+
+
 # M is never specialised (Triton would compile M == 1 as a constant): the code, and so a
 # row's bits, must not depend on the batch size.
 @triton.jit(do_not_specialize=["M"])
@@ -152,13 +164,7 @@ def _poly_norm_grouped_fwd_kernel(
     else:
         s1, s2, s3 = _row_sums_looped(x_rows, cols, owned, H, ACC, BLOCK_M, BLOCK_H)
 
-    # rstd once per row (MATH.md (2)); 0 on rows of no expert.
-    inv_h = inv_h_of(H, ACC)
-    e = tl.full([], eps, ACC)
-    zero = tl.zeros([BLOCK_M], ACC)
-    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
-    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
-    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    r1, r2, r3 = _owned_rstd(s1, s2, s3, owned, H, eps, ACC, BLOCK_M)
     _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
 
     # The row's expert's parameters, in their own dtype (0 on rows of no expert).
@@ -429,6 +435,21 @@ def _clamped(v, c):
 
 
 @triton.jit
+def _clamped_row_sums_looped(x_rows, x_col_stride, cols, owned, H, c, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+                             BLOCK_H: tl.constexpr):
+    # row_sums (MATH.md (1)) of x~ = clamp_c(x) (16) on rows longer than one block, x's columns
+    # x_col_stride apart; as triton_kernels._row_sums_looped.
+    a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
+    for c0 in range(0, H, BLOCK_H):
+        cc = c0 + cols
+        mask = owned[:, None] & (cc < H)[None, :]
+        a1, a2, a3 = add_row_sums(a1, a2, a3, _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c))
+    return tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
+
+
+@triton.jit
 def _mul_grad_tile(go, x, m, a1, a2, a3, b, c, s):
     # One tile of the backward's per-element values (MATH.md (20)-(21)) from grad_out go and
     # the raw x and m: (x~, y, q, g) with q = go s [|y m~| <= c] and g = q m~, all in ACC.
@@ -518,21 +539,9 @@ def _poly_norm_grouped_mul_fwd_kernel(
         x = _clamp_c(_load_acc(x_rows, cols * x_col_stride, mask, ACC), c)
         s1, s2, s3 = row_sums(x)
     else:
-        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        for c0 in range(0, H, BLOCK_H):
-            cc = c0 + cols
-            mask = owned[:, None] & (cc < H)[None, :]
-            a1, a2, a3 = add_row_sums(a1, a2, a3, _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c))
-        s1, s2, s3 = tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
+        s1, s2, s3 = _clamped_row_sums_looped(x_rows, x_col_stride, cols, owned, H, c, ACC, BLOCK_M, BLOCK_H)
 
-    inv_h = inv_h_of(H, ACC)
-    e = tl.full([], eps, ACC)
-    zero = tl.zeros([BLOCK_M], ACC)
-    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
-    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
-    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+    r1, r2, r3 = _owned_rstd(s1, s2, s3, owned, H, eps, ACC, BLOCK_M)
     if not TOPK:
         _store_rstd(rstd_ptr, rows, r3, r2, r1, in_range)
 
@@ -955,20 +964,8 @@ def _poly_norm_grouped_mul_fp8_kernel(
         mask = owned[:, None] & (cols < H)[None, :]
         s1, s2, s3 = row_sums(_clamp_c(_load_acc(x_rows, cols * x_col_stride, mask, ACC), c))
     else:
-        a1 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a2 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        a3 = tl.zeros([BLOCK_M, BLOCK_H], ACC)
-        for c0 in range(0, H, BLOCK_H):
-            cc = c0 + cols
-            mask = owned[:, None] & (cc < H)[None, :]
-            a1, a2, a3 = add_row_sums(a1, a2, a3, _clamp_c(_load_acc(x_rows, cc * x_col_stride, mask, ACC), c))
-        s1, s2, s3 = tl.sum(a1, axis=1), tl.sum(a2, axis=1), tl.sum(a3, axis=1)
-    inv_h = inv_h_of(H, ACC)
-    e = tl.full([], eps, ACC)
-    zero = tl.zeros([BLOCK_M], ACC)
-    r1 = tl.where(owned, rstd_of(s1, inv_h, e), zero)
-    r2 = tl.where(owned, rstd_of(s2, inv_h, e), zero)
-    r3 = tl.where(owned, rstd_of(s3, inv_h, e), zero)
+        s1, s2, s3 = _clamped_row_sums_looped(x_rows, x_col_stride, cols, owned, H, c, ACC, BLOCK_M, BLOCK_H)
+    r1, r2, r3 = _owned_rstd(s1, s2, s3, owned, H, eps, ACC, BLOCK_M)
     w0, w1, w2 = _expert_weights(w_ptr, w_stride0, w_stride1, expert, owned, ACC)
     ha1, ha2, ha3 = forward_coeffs(w0, w1, w2, r3, r2, r1)
     b = _to_acc(tl.load(b_ptr + expert * b_stride, mask=owned, other=0.0), ACC)[:, None]
