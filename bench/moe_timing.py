@@ -231,7 +231,9 @@ def main(argv=None) -> int:
             records += rows
             for provider, reason in why.items():
                 skipped.setdefault(provider, reason)
-            print(f"H={H} E={E}: {len(rows)} timings", flush=True)
+            # Each case as it ends: a run cut short still leaves its finished cases.
+            cells = ", ".join(f"{r['provider']} {r['direction']} {r['ratio']:.2f}" for r in rows)
+            print(f"H={H} E={E}: x floor: {cells}", flush=True)
     print(table(records, [p for p in args.providers if p not in skipped]))
     for provider, reason in skipped.items():
         print(f"skipped {provider}: {reason}")
