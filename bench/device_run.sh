@@ -98,12 +98,13 @@ for stage in "${stages[@]}"; do
         python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke) > "$OUT/ptx_smoke.log" 2>&1
       echo "ptx smoke rc=$?"; tail -3 "$OUT/ptx_smoke.log" ;;
     wheel)
-      # No compiler is needed: pip unpacks the wheel into a fresh folder. The tests run from a folder that holds
-      # tests/ and pyproject.toml only, so the import is the wheel's, never the source tree's.
+      # No compiler is needed: pip unpacks the wheel into a fresh folder. The tests run from a copy of the tree
+      # without polynorm/, so the import is the wheel's, never the source tree's.
       rm -rf /tmp/wheel_site /tmp/wheel_run && mkdir -p /tmp/wheel_run
       python3 -m pip install --no-index --no-deps --no-cache-dir --target /tmp/wheel_site .whl/polynorm-*.whl \
         > "$OUT/wheel_install.log" 2>&1; echo "wheel install rc=$?"; tail -1 "$OUT/wheel_install.log"
-      cp -r tests pyproject.toml /tmp/wheel_run/
+      tar --exclude=./polynorm --exclude=./build --exclude=./out --exclude=./.git --exclude=./.whl --exclude=./.old \
+        -cf - . | tar -xf - -C /tmp/wheel_run
       (cd /tmp/wheel_run && export PYTHONPATH=/tmp/wheel_site${PYTHONPATH:+:$PYTHONPATH} \
         && python3 -c "import polynorm, torch; print('polynorm from', polynorm.__file__, 'torch', torch.__version__)" \
         && /usr/bin/time -f "wheel smoke wall %e s" timeout 200 python3 -m pytest tests -q -ra -p no:cacheprovider -m smoke \

@@ -877,7 +877,7 @@ def poly_norm_grouped_mul_topk_forward_triton(
 # ----------------------------------------------------------------------------------------
 
 _FP8_GROUP = 128  # columns per scale: DeepGEMM's 1 x 128 activation groups
-_E4M3_MAX = 448.0
+_E4M3_MAX = tl.constexpr(448.0)  # the largest finite e4m3 value
 _FP8_SCALE_FLOOR = tl.constexpr(1e-10)  # an all-zero group's amax: the scale stays a normal fp32 number
 
 

@@ -1007,3 +1007,40 @@ def test_mul_gpu_path_traces_with_dynamic_batch():
     # Traced without a GPU, in a process without the interpreter: one forward graph with one
     # launch, one backward graph with two, and no recompile as M grows.
     assert traced_triton_launches(_MUL_TRACE_BODY) == [1, 2]
+
+
+def _jit_globals_not_constexpr(path):
+    """(function, name) for each module-level name that a @triton.jit function of ``path`` reads
+    but that the module does not bind to ``tl.constexpr(...)``."""
+    import ast
+
+    tree = ast.parse(path.read_text())
+    bound = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            is_constexpr = isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "tl.constexpr"
+            bound.update({t.id: is_constexpr for t in node.targets if isinstance(t, ast.Name)})
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any("triton.jit" in ast.unparse(d) for d in node.decorator_list):
+            for name in ast.walk(node):
+                if isinstance(name, ast.Name) and isinstance(name.ctx, ast.Load) and bound.get(name.id) is False:
+                    found.append((node.name, name.id))
+    return found
+
+
+def test_kernels_read_only_constexpr_globals(tmp_path):
+    # Compiled Triton refuses a kernel that reads a plain module-level number ("Cannot access
+    # global variable ... from within @jit'ed function"); the interpreter that CI runs accepts it,
+    # so only this check stands between such a kernel and its first GPU launch.
+    from pathlib import Path
+
+    files = sorted(Path(polynorm.__file__).parent.glob("triton*.py"))
+    assert len(files) >= 3, files
+    for path in files:
+        assert _jit_globals_not_constexpr(path) == [], path.name
+    # The check can fail: a kernel reading a plain number, as the FP8 kernel once did, is caught.
+    probe = tmp_path / "probe.py"
+    probe.write_text("import triton\nimport triton.language as tl\nLIMIT = 448.0\nSCALE = tl.constexpr(2.0)\n\n"
+                     "@triton.jit\ndef k(x):\n    return tl.minimum(x, LIMIT) * SCALE\n")  # fmt: skip
+    assert _jit_globals_not_constexpr(probe) == [("k", "LIMIT")]
